@@ -1,0 +1,1 @@
+"""One module per ``python -m kiln`` subcommand (see kiln.cli)."""

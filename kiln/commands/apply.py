@@ -1,0 +1,38 @@
+"""Apply the series to the pristine sdist tree at fuzz 0, into a new folder.
+
+Offsets are reported and accepted; a hunk that needs fuzz or fails stops the
+apply, naming topic, file and hunk. The folder appears only when every topic
+applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kiln.fetch import fetch
+from kiln.patching import apply_series_into
+from kiln.pristine import PristineTree
+from kiln.series import Series
+
+NAME = "apply"
+HELP = "pristine upstream + the series, into a new folder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--into", type=Path, required=True, help="folder to create")
+    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    pristine = PristineTree.from_files(fetch(args.version))
+    series = Series.load()
+
+    def progress(topic, offsets):
+        print(f"applied {topic.name}")
+        for offset in offsets:
+            print(f"  {offset}")
+
+    apply_series_into(pristine.root, series, args.into, on_topic=progress)
+    print(f"{len(series.topics)} topic(s) applied to vLLM {pristine.version} in {args.into}")
+    return 0

@@ -1,0 +1,34 @@
+"""Write patches/ and patches/series back from a materialized repository's branch.
+
+One patch per commit since v<version> on fork/<version>. Exporting an
+unchanged branch changes 0 bytes. A repository with uncommitted changes is
+refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kiln.lock import UpstreamLock
+from kiln.materialize import export
+from kiln.paths import REPO_ROOT
+
+NAME = "export"
+HELP = "rewrite patches/ from a materialized branch"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="source", type=Path, required=True,
+                        help="the materialized repository")
+
+
+def run(args: argparse.Namespace) -> int:
+    version = UpstreamLock.load().default
+    result = export(args.source, version, REPO_ROOT / "patches")
+    for name in result.written:
+        print(f"wrote {name}")
+    for name in result.removed:
+        print(f"removed {name}")
+    print(f"{len(result.written)} file(s) written, {len(result.removed)} removed")
+    return 0

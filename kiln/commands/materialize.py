@@ -1,0 +1,33 @@
+"""Create the git view of the series for editing.
+
+The first commit is the pristine sdist tree, tagged v<version>; then one
+commit per topic, in series order, on branch fork/<version>, each with the
+patch header as its message. Edit there (commit --amend, rebase -i), then
+`python -m kiln export --from DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kiln.fetch import fetch
+from kiln.materialize import fork_branch, materialize
+from kiln.pristine import PristineTree
+from kiln.series import Series
+
+NAME = "materialize"
+HELP = "git repository: pristine tag + one commit per topic"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--into", type=Path, required=True, help="new folder for the repository")
+
+
+def run(args: argparse.Namespace) -> int:
+    pristine = PristineTree.from_files(fetch())
+    series = Series.load()
+    print(f"materializing vLLM {pristine.version} + {len(series.topics)} topic(s) in {args.into}")
+    materialize(pristine.root, pristine.version, series, args.into)
+    print(f"branch {fork_branch(pristine.version)} ready in {args.into}")
+    return 0

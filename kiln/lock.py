@@ -1,0 +1,67 @@
+"""requirements/upstream.lock: which pristine files a version means, by sha256."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.paths import REPO_ROOT
+
+LOCK_PATH = REPO_ROOT / "requirements" / "upstream.lock"
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class UpstreamRelease:
+    version: str
+    wheel: PinnedFile
+    sdist: PinnedFile
+
+
+@dataclass(frozen=True)
+class UpstreamLock:
+    default: str
+    releases: dict[str, UpstreamRelease]
+
+    @classmethod
+    def load(cls, path: Path = LOCK_PATH) -> UpstreamLock:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise KilnError(f"{path}: missing; it pins the pristine upstream files") from None
+        except tomllib.TOMLDecodeError as e:
+            raise KilnError(f"{path}: not valid TOML: {e}") from None
+        releases = {}
+        for version, entry in data.get("versions", {}).items():
+            try:
+                releases[version] = UpstreamRelease(
+                    version=version,
+                    wheel=PinnedFile(entry["wheel"], entry["wheel_sha256"]),
+                    sdist=PinnedFile(entry["sdist"], entry["sdist_sha256"]),
+                )
+            except KeyError as e:
+                raise KilnError(
+                    f"{path}: version {version} lacks {e.args[0]}; each version needs "
+                    "wheel, wheel_sha256, sdist, sdist_sha256"
+                ) from None
+        default = data.get("default")
+        if default not in releases:
+            raise KilnError(f"{path}: default {default!r} is not one of the pinned versions")
+        return cls(default=default, releases=releases)
+
+    def release(self, version: str | None = None) -> UpstreamRelease:
+        version = version or self.default
+        if version not in self.releases:
+            known = ", ".join(sorted(self.releases))
+            raise KilnError(
+                f"upstream version {version} has no pinned hashes in {LOCK_PATH.name} "
+                f"(pinned: {known}); pin it with `python -m kiln pin-bump --to {version}`"
+            )
+        return self.releases[version]

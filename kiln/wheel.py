@@ -1,0 +1,235 @@
+"""Build the fork wheel by repacking the pristine upstream wheel.
+
+Upstream's compiled files are copied byte for byte; the series is applied to
+the Python files it touches; the ``vllm/`` overlay and ``kvarn/`` are added
+inside the package; the version module, METADATA and RECORD are rewritten.
+Entries carry one timestamp (SOURCE_DATE_EPOCH, else the HEAD commit's time),
+so two builds of one commit are byte-identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.fetch import fetch
+from kiln.lock import UpstreamLock
+from kiln.paths import REPO_ROOT
+from kiln.patching import apply_series
+from kiln.pins import PinChanges
+from kiln.series import Series, Topic
+from kiln.version import fork_version, version_tuple
+
+PACKAGE = "vllm"
+OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"))  # repo folder -> wheel folder
+SKIP_PARTS = ("__pycache__",)
+SKIP_SUFFIXES = (".pyc", ".pyo")
+COMPILED_SOURCE_PREFIXES = ("csrc/", "cmake/", "CMakeLists.txt")
+MANIFEST_PATH = "vllm/fork/manifest.json"
+FILE_MODE = 0o100644 << 16
+COMPRESS_LEVEL = 6
+
+
+@dataclass
+class WheelBuild:
+    path: Path
+    version: str
+    upstream_version: str
+    topics: list[str]
+    patched: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def check_topic_paths(topics: list[Topic]) -> None:
+    """The wheel reuses upstream's binaries: a topic may only touch vllm/ Python files."""
+    problems = []
+    for topic in topics:
+        for path in topic.files():
+            if path.startswith(COMPILED_SOURCE_PREFIXES):
+                problems.append(
+                    f"topic {topic.name} touches upstream {path}: the fork wheel reuses "
+                    "upstream's compiled binaries, so compiled sources cannot be patched; "
+                    "put CUDA code in the fork's own csrc/ instead"
+                )
+            elif not path.startswith(f"{PACKAGE}/"):
+                problems.append(
+                    f"topic {topic.name} touches {path}, outside the {PACKAGE}/ package the "
+                    "wheel ships; topics may only change files under vllm/"
+                )
+    if problems:
+        raise KilnError("refusing to build:\n  " + "\n  ".join(problems))
+
+
+def overlay_files(root: Path = REPO_ROOT) -> dict[str, Path]:
+    """Wheel path -> repository file for every overlay file."""
+    files: dict[str, Path] = {}
+    for source, target in OVERLAY_DIRS:
+        base = root / source
+        for path in sorted(base.rglob("*")) if base.is_dir() else []:
+            if not path.is_file() or path.suffix in SKIP_SUFFIXES:
+                continue
+            rel = path.relative_to(base)
+            if any(part in SKIP_PARTS for part in rel.parts):
+                continue
+            files[f"{target}/{rel.as_posix()}"] = path
+    return files
+
+
+def source_date_epoch(root: Path = REPO_ROOT) -> int:
+    if "SOURCE_DATE_EPOCH" in os.environ:
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    result = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"],
+                            capture_output=True, text=True)
+    if result.returncode != 0 or not result.stdout.strip():
+        raise KilnError("no SOURCE_DATE_EPOCH and no git commit to take the build time from")
+    return int(result.stdout)
+
+
+def record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode()
+
+
+def version_module(version: str, commit: str) -> bytes:
+    return (
+        "# Written by kiln build: the fork's version, in the shape upstream's\n"
+        "# generated module has, so vllm.version keeps working.\n"
+        f"__version__ = version = {version!r}\n"
+        f"__version_tuple__ = version_tuple = {version_tuple(version)!r}\n"
+        f"__commit_id__ = commit_id = {commit!r}\n"
+    ).encode()
+
+
+def fork_metadata(upstream_metadata: str, version: str, pins: PinChanges) -> str:
+    """Upstream's METADATA with the fork version and the fork's pin changes."""
+    text = re.sub(r"^Version: .*$", f"Version: {version}", upstream_metadata, count=1, flags=re.M)
+    return pins.apply_to_metadata(text)
+
+
+def head_commit(root: Path = REPO_ROOT) -> str:
+    result = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                            capture_output=True, text=True)
+    return "g" + result.stdout.strip() if result.returncode == 0 else "unknown"
+
+
+def _dist_info_dir(names: list[str]) -> str:
+    found = sorted({n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")})
+    if len(found) != 1:
+        raise KilnError(f"the upstream wheel has {len(found)} .dist-info folders, expected 1")
+    return found[0]
+
+
+def _patched_files(source: zipfile.ZipFile, topics: list[Topic]) -> dict[str, bytes | None]:
+    """Apply the series to the wheel files it touches; None marks a deleted file."""
+    touched = sorted({p for t in topics for p in t.files()})
+    names = set(source.namelist())
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp)
+        for path in touched:
+            if path in names:
+                (tree / path).parent.mkdir(parents=True, exist_ok=True)
+                (tree / path).write_bytes(source.read(path))
+        apply_series(tree, topics)
+        return {p: (tree / p).read_bytes() if (tree / p).exists() else None for p in touched}
+
+
+def _entries(source: zipfile.ZipFile, replaced: dict[str, bytes | None],
+             added: dict[str, bytes], old_dist: str) -> Iterator[tuple[str, int, bytes]]:
+    """(name, external_attr, bytes) for every file of the new wheel but dist-info."""
+    for info in source.infolist():
+        if info.is_dir() or info.filename.startswith(old_dist + "/"):
+            continue
+        if info.filename in replaced:
+            data = replaced[info.filename]
+            if data is not None:
+                yield info.filename, info.external_attr or FILE_MODE, data
+            continue
+        yield info.filename, info.external_attr or FILE_MODE, source.read(info.filename)
+    for name in sorted(added):
+        yield name, FILE_MODE, added[name]
+
+
+def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, extra_files: dict[str, Path] | None = None,
+                log=print) -> WheelBuild:
+    started = time.monotonic()
+    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    release = lock.release()
+    series = Series.load(root / "patches")
+    problems = series.problems()
+    if problems:
+        raise KilnError("refusing to build: incomplete patch headers:\n  " + "\n  ".join(problems))
+    check_topic_paths(series.topics)
+    pins = PinChanges.load(root / "requirements" / "fork-pins.txt")
+    version = fork_version(release.version, root)
+    epoch = max(source_date_epoch(root), 315532800)  # zip cannot store dates before 1980
+    date_time = time.gmtime(epoch)[:6]
+    upstream_wheel = fetch(release.version, lock=lock, log=log).wheel
+    log(f"building vllm {version} from {upstream_wheel.name} + {len(series.topics)} topic(s)")
+
+    wheel_name = upstream_wheel.name.replace(f"-{release.version}-", f"-{version}-", 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / wheel_name
+    with zipfile.ZipFile(upstream_wheel) as source:
+        names = source.namelist()
+        old_dist = _dist_info_dir(names)
+        new_dist = f"{PACKAGE}-{version}.dist-info"
+        replaced = _patched_files(source, series.topics)
+        replaced["vllm/_version.py"] = version_module(version, head_commit(root))
+        overlay = {**overlay_files(root), **(extra_files or {})}
+        clashes = sorted(set(overlay) & (set(names) | set(replaced)))
+        if clashes:
+            raise KilnError(
+                "overlay files would replace upstream files (change those through a topic "
+                "patch instead): " + ", ".join(clashes)
+            )
+        added = {name: path.read_bytes() for name, path in overlay.items()}
+        added[MANIFEST_PATH] = json.dumps({
+            "fork_version": version, "upstream_version": release.version,
+            "topics": [t.name for t in series.topics],
+        }, indent=1).encode() + b"\n"
+        metadata = fork_metadata(source.read(f"{old_dist}/METADATA").decode(), version, pins)
+
+        tmp = target.with_name(f".{wheel_name}.tmp")
+        record: list[str] = []
+        try:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as out:
+                def write(name: str, attr: int, data: bytes) -> None:
+                    info = zipfile.ZipInfo(name, date_time)
+                    info.external_attr = attr
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    info.create_system = 3
+                    out.writestr(info, data, compresslevel=COMPRESS_LEVEL)
+                    record.append(f"{name},{record_hash(data)},{len(data)}")
+
+                for name, attr, data in _entries(source, replaced, added, old_dist):
+                    write(name, attr, data)
+                for info in source.infolist():
+                    rel = info.filename[len(old_dist) + 1:]
+                    if info.filename.startswith(old_dist + "/") and rel not in ("RECORD", "METADATA") and not info.is_dir():
+                        write(f"{new_dist}/{rel}", info.external_attr or FILE_MODE, source.read(info.filename))
+                write(f"{new_dist}/METADATA", FILE_MODE, metadata.encode())
+                record.append(f"{new_dist}/RECORD,,")
+                info = zipfile.ZipInfo(f"{new_dist}/RECORD", date_time)
+                info.external_attr, info.compress_type, info.create_system = FILE_MODE, zipfile.ZIP_DEFLATED, 3
+                out.writestr(info, "\n".join(record) + "\n", compresslevel=COMPRESS_LEVEL)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    patched = sorted(p for p in replaced if p != "vllm/_version.py")
+    return WheelBuild(
+        path=target, version=version, upstream_version=release.version,
+        topics=[t.name for t in series.topics], patched=patched, added=sorted(added),
+        seconds=time.monotonic() - started,
+    )
