@@ -25,6 +25,7 @@ from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
 from kiln.paths import cache_dir
 
 ATTEMPTS = 3
+BACKOFF_SECONDS = 2.0
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 
@@ -82,7 +83,7 @@ def _fetch_one(pin: PinnedFile, download, log) -> Path:
                 got = download(Path(tmp))
             except (OSError, subprocess.CalledProcessError, urllib.error.URLError) as e:
                 last_error = str(e)
-                time.sleep(2 * attempt)
+                time.sleep(BACKOFF_SECONDS * attempt)
                 continue
             check_pinned(got, pin)
             os.replace(got, target)

@@ -71,7 +71,10 @@ def branch_topics(repo: Path, version: str, directory: Path) -> list[Topic]:
             raise KilnError(f"commit {commit[:12]} on {branch} is a merge; the series must be linear")
         message = git(repo, "log", "-1", "--format=%B", commit).rstrip("\n")
         diff = git(repo, "diff", *DIFF_OPTIONS, parents[0], commit)
-        name = Topic.parse(Path("x.patch"), message + "\n" + SEPARATOR).fields.get("Topic")
+        try:
+            name = Topic.parse(Path("message"), message + "\n" + SEPARATOR).fields.get("Topic")
+        except KilnError as e:
+            raise KilnError(f"commit {commit[:12]}'s message is not a topic header: {e}") from None
         if not name:
             raise KilnError(f"commit {commit[:12]} has no 'Topic:' line in its message")
         path = directory / f"{number:04d}-{name}.patch"

@@ -10,6 +10,7 @@ while no such wheel can pass for a release.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 from kiln.errors import KilnError
@@ -31,16 +32,20 @@ def fork_version(upstream: str, root: Path = REPO_ROOT) -> str:
         release = scm_version.tag.release[0] if scm_version.tag.release else 0
         local = f"kiln.{release}"
         if scm_version.distance:
-            local += f".{scm_version.distance}.{scm_version.node}"
+            local += f".{scm_version.distance}.{scm_version.node[:13]}"
         if scm_version.dirty:
             local += ".dirty"
         return f"{upstream}+{local}"
 
     try:
-        return get_version(
-            root=str(root), version_scheme=scheme, local_scheme=lambda v: "",
-            tag_regex=TAG_REGEX, fallback_version=None,
-        )
+        with warnings.catch_warnings():
+            # 10.x deprecates the tag_regex argument in favour of pyproject config,
+            # which this computed scheme cannot use; the pin keeps it working.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return get_version(
+                root=str(root), version_scheme=scheme, local_scheme=lambda v: "",
+                tag_regex=TAG_REGEX, fallback_version=None,
+            )
     except LookupError as e:
         raise KilnError(f"cannot read the fork version from git in {root}: {e}") from None
 

@@ -13,7 +13,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 import subprocess
 import tempfile
 import time
@@ -22,16 +21,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.csrc import build_csrc
 from kiln.errors import KilnError
 from kiln.fetch import fetch
 from kiln.lock import UpstreamLock
+from kiln.metadata import dist_info_files, dist_info_name, upstream_dist_info
 from kiln.paths import REPO_ROOT
 from kiln.patching import apply_series
 from kiln.pins import PinChanges
 from kiln.series import Series, Topic
 from kiln.version import fork_version, version_tuple
 
-PACKAGE = "vllm"
 OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"))  # repo folder -> wheel folder
 SKIP_PARTS = ("__pycache__",)
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -63,9 +63,9 @@ def check_topic_paths(topics: list[Topic]) -> None:
                     "upstream's compiled binaries, so compiled sources cannot be patched; "
                     "put CUDA code in the fork's own csrc/ instead"
                 )
-            elif not path.startswith(f"{PACKAGE}/"):
+            elif not path.startswith("vllm/"):
                 problems.append(
-                    f"topic {topic.name} touches {path}, outside the {PACKAGE}/ package the "
+                    f"topic {topic.name} touches {path}, outside the vllm/ package the "
                     "wheel ships; topics may only change files under vllm/"
                 )
     if problems:
@@ -73,17 +73,25 @@ def check_topic_paths(topics: list[Topic]) -> None:
 
 
 def overlay_files(root: Path = REPO_ROOT) -> dict[str, Path]:
-    """Wheel path -> repository file for every overlay file."""
+    """Wheel path -> repository file for every tracked overlay file.
+
+    Only files git tracks are shipped, so a stray untracked file never lands in
+    a wheel; modified tracked files are shipped and mark the version .dirty.
+    """
+    result = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--", *(src for src, _ in OVERLAY_DIRS)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise KilnError(f"cannot list the overlay files with git in {root}: {result.stderr.strip()}")
     files: dict[str, Path] = {}
-    for source, target in OVERLAY_DIRS:
-        base = root / source
-        for path in sorted(base.rglob("*")) if base.is_dir() else []:
-            if not path.is_file() or path.suffix in SKIP_SUFFIXES:
-                continue
-            rel = path.relative_to(base)
-            if any(part in SKIP_PARTS for part in rel.parts):
-                continue
-            files[f"{target}/{rel.as_posix()}"] = path
+    for rel in sorted(filter(None, result.stdout.split("\0"))):
+        source, _, inner = rel.partition("/")
+        target = dict(OVERLAY_DIRS)[source]
+        if rel.endswith(SKIP_SUFFIXES) or any(p in SKIP_PARTS for p in rel.split("/")):
+            continue
+        if (root / rel).is_file():
+            files[f"{target}/{inner}"] = root / rel
     return files
 
 
@@ -112,23 +120,10 @@ def version_module(version: str, commit: str) -> bytes:
     ).encode()
 
 
-def fork_metadata(upstream_metadata: str, version: str, pins: PinChanges) -> str:
-    """Upstream's METADATA with the fork version and the fork's pin changes."""
-    text = re.sub(r"^Version: .*$", f"Version: {version}", upstream_metadata, count=1, flags=re.M)
-    return pins.apply_to_metadata(text)
-
-
 def head_commit(root: Path = REPO_ROOT) -> str:
     result = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
                             capture_output=True, text=True)
     return "g" + result.stdout.strip() if result.returncode == 0 else "unknown"
-
-
-def _dist_info_dir(names: list[str]) -> str:
-    found = sorted({n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")})
-    if len(found) != 1:
-        raise KilnError(f"the upstream wheel has {len(found)} .dist-info folders, expected 1")
-    return found[0]
 
 
 def _patched_files(source: zipfile.ZipFile, topics: list[Topic]) -> dict[str, bytes | None]:
@@ -161,8 +156,7 @@ def _entries(source: zipfile.ZipFile, replaced: dict[str, bytes | None],
         yield name, FILE_MODE, added[name]
 
 
-def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, extra_files: dict[str, Path] | None = None,
-                log=print) -> WheelBuild:
+def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, log=print) -> WheelBuild:
     started = time.monotonic()
     lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
     release = lock.release()
@@ -181,13 +175,13 @@ def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, extra_files: dict[str,
     wheel_name = upstream_wheel.name.replace(f"-{release.version}-", f"-{version}-", 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / wheel_name
-    with zipfile.ZipFile(upstream_wheel) as source:
+    with zipfile.ZipFile(upstream_wheel) as source, tempfile.TemporaryDirectory() as csrc_build:
         names = source.namelist()
-        old_dist = _dist_info_dir(names)
-        new_dist = f"{PACKAGE}-{version}.dist-info"
+        old_dist = upstream_dist_info(names)
+        new_dist = dist_info_name(version)
         replaced = _patched_files(source, series.topics)
         replaced["vllm/_version.py"] = version_module(version, head_commit(root))
-        overlay = {**overlay_files(root), **(extra_files or {})}
+        overlay = {**overlay_files(root), **build_csrc(root, Path(csrc_build), log)}
         clashes = sorted(set(overlay) & (set(names) | set(replaced)))
         if clashes:
             raise KilnError(
@@ -199,7 +193,7 @@ def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, extra_files: dict[str,
             "fork_version": version, "upstream_version": release.version,
             "topics": [t.name for t in series.topics],
         }, indent=1).encode() + b"\n"
-        metadata = fork_metadata(source.read(f"{old_dist}/METADATA").decode(), version, pins)
+        dist_info = dist_info_files(source, version, pins)
 
         tmp = target.with_name(f".{wheel_name}.tmp")
         record: list[str] = []
@@ -207,23 +201,17 @@ def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, extra_files: dict[str,
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as out:
                 def write(name: str, attr: int, data: bytes) -> None:
                     info = zipfile.ZipInfo(name, date_time)
-                    info.external_attr = attr
+                    info.external_attr, info.create_system = attr, 3
                     info.compress_type = zipfile.ZIP_DEFLATED
-                    info.create_system = 3
                     out.writestr(info, data, compresslevel=COMPRESS_LEVEL)
                     record.append(f"{name},{record_hash(data)},{len(data)}")
 
                 for name, attr, data in _entries(source, replaced, added, old_dist):
                     write(name, attr, data)
-                for info in source.infolist():
-                    rel = info.filename[len(old_dist) + 1:]
-                    if info.filename.startswith(old_dist + "/") and rel not in ("RECORD", "METADATA") and not info.is_dir():
-                        write(f"{new_dist}/{rel}", info.external_attr or FILE_MODE, source.read(info.filename))
-                write(f"{new_dist}/METADATA", FILE_MODE, metadata.encode())
-                record.append(f"{new_dist}/RECORD,,")
-                info = zipfile.ZipInfo(f"{new_dist}/RECORD", date_time)
-                info.external_attr, info.compress_type, info.create_system = FILE_MODE, zipfile.ZIP_DEFLATED, 3
-                out.writestr(info, "\n".join(record) + "\n", compresslevel=COMPRESS_LEVEL)
+                for rel, (attr, data) in sorted(dist_info.items()):
+                    write(f"{new_dist}/{rel}", attr or FILE_MODE, data)
+                lines = [*record, f"{new_dist}/RECORD,,"]
+                write(f"{new_dist}/RECORD", FILE_MODE, ("\n".join(lines) + "\n").encode())
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)

@@ -1,0 +1,32 @@
+"""Make (or reuse) the cached test virtualenv for a built wheel and install the wheel.
+
+The venv holds CPU torch 2.13.0, the wheel's own requirements (less
+torchvision, torchaudio and torchcodec, which fail beside CPU torch) and
+requirements/test.txt. Prints the venv's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.testenv import install_wheel, test_venv
+
+NAME = "test-env"
+HELP = "the cached test virtualenv, with the given wheel installed"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wheel", type=Path, required=True, help="the fork wheel to install")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.wheel.is_file():
+        raise KilnError(f"{args.wheel}: no such wheel; build one with `python -m kiln build`")
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731  stdout carries only the path
+    venv = test_venv(args.wheel, log=log)
+    install_wheel(venv, args.wheel, log=log)
+    print(venv)
+    return 0

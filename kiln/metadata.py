@@ -1,0 +1,60 @@
+"""The fork wheel's .dist-info: upstream's files with the fork version and pins."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.fetch import fetch
+from kiln.lock import UpstreamLock
+from kiln.paths import REPO_ROOT
+from kiln.pins import PinChanges
+from kiln.version import fork_version
+
+PACKAGE = "vllm"
+
+
+def dist_info_name(version: str) -> str:
+    return f"{PACKAGE}-{version}.dist-info"
+
+
+def upstream_dist_info(names: list[str]) -> str:
+    found = sorted({n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")})
+    if len(found) != 1:
+        raise KilnError(f"the upstream wheel has {len(found)} .dist-info folders, expected 1")
+    return found[0]
+
+
+def fork_metadata(upstream_metadata: str, version: str, pins: PinChanges) -> str:
+    """Upstream's METADATA with the fork version and the fork's pin changes."""
+    text = re.sub(r"^Version: .*$", f"Version: {version}", upstream_metadata, count=1, flags=re.M)
+    return pins.apply_to_metadata(text)
+
+
+def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges) -> dict[str, tuple[int, bytes]]:
+    """File name inside .dist-info -> (zip attributes, bytes), all but RECORD."""
+    old = upstream_dist_info(upstream.namelist())
+    files = {}
+    for info in upstream.infolist():
+        rel = info.filename[len(old) + 1:]
+        if info.filename.startswith(old + "/") and not info.is_dir() and rel != "RECORD":
+            data = upstream.read(info.filename)
+            if rel == "METADATA":
+                data = fork_metadata(data.decode(), version, pins).encode()
+            files[rel] = (info.external_attr, data)
+    return files
+
+
+def write_dist_info(output_dir: Path, root: Path = REPO_ROOT) -> Path:
+    """Write the fork's .dist-info folder (for PEP 517 prepare_metadata)."""
+    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    version = fork_version(lock.default, root)
+    pins = PinChanges.load(root / "requirements" / "fork-pins.txt")
+    target = output_dir / dist_info_name(version)
+    with zipfile.ZipFile(fetch(lock.default, lock=lock).wheel) as upstream:
+        for rel, (_, data) in dist_info_files(upstream, version, pins).items():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel).write_bytes(data)
+    return target

@@ -1,0 +1,79 @@
+"""The test virtualenv: CPU torch, the fork's dependencies and the test tools.
+
+Cached outside the repository, keyed by a hash of everything installed into it,
+so a rerun reuses it and any change of requirements makes a new one. A venv
+cannot be moved once made, so it is built in place and marked complete last;
+an unmarked one is a failed attempt and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.paths import REPO_ROOT, cache_dir
+from kiln.pins import requirement_name
+
+TORCH = "torch==2.13.0"
+# PyPI's builds of these fail to import beside the CPU torch wheel.
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
+COMPLETE = ".kiln-complete"
+
+
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist without extras and without the left-out packages."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(name).decode()
+    head = metadata.partition("\n\n")[0]
+    reqs = []
+    for line in head.splitlines():
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line:
+            req = line[len("Requires-Dist: "):]
+            if requirement_name(req) not in LEFT_OUT and requirement_name(req) != "torch":
+                reqs.append(req)
+    return reqs
+
+
+def venv_key(requirements: list[str], test_requirements: str) -> str:
+    text = "\n".join([sys.version, TORCH, *requirements, test_requirements])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _run(cmd: list[str], what: str, log) -> None:
+    log(f"{what}: {' '.join(cmd[:4])} ...")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KilnError(f"{what} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+
+
+def test_venv(wheel: Path, log=print) -> Path:
+    """Path of a complete test venv for this wheel's requirements (made if missing)."""
+    requirements = runtime_requirements(wheel)
+    test_reqs = (REPO_ROOT / "requirements" / "test.txt").read_text()
+    path = cache_dir() / "venvs" / f"test-{venv_key(requirements, test_reqs)}"
+    if (path / COMPLETE).exists():
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    python = str(path / "bin" / "python")
+    reqs_file = path.parent / f"{path.name}.requirements.txt"
+    reqs_file.write_text("\n".join(requirements) + "\n")
+    _run([sys.executable, "-m", "venv", str(path)], "create the test venv", log)
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    _run([*pip, TORCH], "install CPU torch", log)
+    _run([*pip, "-r", str(reqs_file), "-r", str(REPO_ROOT / "requirements" / "test.txt")],
+         "install the fork's dependencies and the test tools", log)
+    (path / COMPLETE).write_text(wheel.name + "\n")
+    return path
+
+
+def install_wheel(venv: Path, wheel: Path, log=print) -> None:
+    """Put this wheel (and nothing else) into the venv, replacing any vllm there."""
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+          "-q", "--no-deps", "--force-reinstall", str(wheel)], f"install {wheel.name}", log)

@@ -1,0 +1,42 @@
+"""PEP 517 entry for `pip wheel .` and `python -m build --wheel`.
+
+Both end in kiln's own wheel builder (kiln/wheel.py), so they write the same
+bytes as `python -m kiln build`. Metadata comes from the same code, so what
+pip resolves before the build is what the wheel declares.
+"""
+
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.dist_info import dist_info
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from kiln.metadata import write_dist_info  # noqa: E402
+from kiln.lock import UpstreamLock  # noqa: E402
+from kiln.version import fork_version  # noqa: E402
+from kiln.wheel import build_wheel  # noqa: E402
+
+
+class KilnWheel(bdist_wheel):
+    """Repack upstream's wheel with the series and overlay instead of compiling."""
+
+    def run(self):
+        build_wheel(Path(self.dist_dir), root=ROOT)
+
+
+class KilnDistInfo(dist_info):
+    """The fork wheel's METADATA, written before the build for pip's resolver."""
+
+    def run(self):
+        write_dist_info(Path(self.output_dir), root=ROOT)
+
+
+setup(
+    name="vllm",
+    version=fork_version(UpstreamLock.load(ROOT / "requirements" / "upstream.lock").default, ROOT),
+    cmdclass={"bdist_wheel": KilnWheel, "dist_info": KilnDistInfo},
+)

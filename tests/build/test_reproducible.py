@@ -1,0 +1,51 @@
+"""One commit, one wheel: kiln, `pip wheel .` and `python -m build` agree byte for byte."""
+
+import subprocess
+import sys
+
+from kiln.paths import REPO_ROOT
+from kiln.wheel import build_wheel
+
+
+def test_a_second_kiln_build_is_byte_identical(fork_wheel, tmp_path):
+    again = build_wheel(tmp_path, log=lambda _: None)
+    assert again.path.name == fork_wheel.name
+    assert again.path.read_bytes() == fork_wheel.read_bytes()
+
+
+def test_pip_wheel_builds_the_same_wheel_through_setup_py(fork_wheel, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (built,) = tmp_path.glob("vllm-*.whl")
+    assert built.name == fork_wheel.name
+    assert built.read_bytes() == fork_wheel.read_bytes()
+
+
+def test_python_dash_m_build_builds_the_same_wheel(fork_wheel, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(REPO_ROOT)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (built,) = tmp_path.glob("vllm-*.whl")
+    assert built.read_bytes() == fork_wheel.read_bytes()
+
+
+def test_cmake_skips_csrc_without_a_cuda_torch_and_says_why(tmp_path):
+    # A copy of the build files with one CUDA source, configured by this CPU-only venv.
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "probe.cu").write_text("__global__ void probe() {}\n")
+    (tmp_path / "CMakeLists.txt").write_bytes((REPO_ROOT / "CMakeLists.txt").read_bytes())
+    result = subprocess.run(
+        ["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), "-G", "Ninja",
+         f"-DPython_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    reasons = [line for line in result.stdout.splitlines() if "kiln: skipped csrc/" in line]
+    assert len(reasons) == 1
+    assert "no nvcc found" in reasons[0] or "no CUDA build of torch" in reasons[0]
+    assert not list((tmp_path / "build").rglob("*.so"))

@@ -1,0 +1,84 @@
+"""The fork wheel against the pristine upstream wheel, entry by entry."""
+
+import base64
+import hashlib
+import json
+import re
+import subprocess
+
+from kiln.paths import REPO_ROOT
+from kiln.series import Series
+
+
+def _dist_info(names):
+    (found,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    return found
+
+
+def test_the_wheel_name_keeps_upstreams_tags_with_the_fork_version(fork_wheel, pristine_files):
+    name = fork_wheel.name
+    assert re.fullmatch(r"vllm-0\.32\.0\+kiln\.\d+[.a-z0-9]*-cp38-abi3-manylinux_2_28_x86_64\.whl", name), name
+    assert pristine_files.wheel.name.split("-")[2:] == name.split("-")[2:]
+
+
+def test_every_record_entry_has_the_right_hash_and_size(fork_zip):
+    names = [i.filename for i in fork_zip.infolist() if not i.is_dir()]
+    record_name = f"{_dist_info(names)}/RECORD"
+    rows = [line.rsplit(",", 2) for line in fork_zip.read(record_name).decode().splitlines()]
+    listed = {path for path, _, _ in rows}
+    assert listed == set(names) and len(rows) == len(names)
+    for path, digest, size in rows:
+        if path == record_name:
+            assert digest == "" and size == ""
+            continue
+        data = fork_zip.read(path)
+        expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert digest == f"sha256={expected}", path
+        assert int(size) == len(data), path
+
+
+def test_upstream_files_are_byte_identical_unless_a_topic_patches_them(fork_zip, upstream_zip):
+    patched = {p for t in Series.load().topics for p in t.files()} | {"vllm/_version.py"}
+    up_dist = _dist_info(upstream_zip.namelist())
+    fork_names = set(fork_zip.namelist())
+    compiled = 0
+    for info in upstream_zip.infolist():
+        name = info.filename
+        if info.is_dir() or name.startswith(up_dist + "/"):
+            continue
+        assert name in fork_names, f"{name} is missing from the fork wheel"
+        same = fork_zip.read(name) == upstream_zip.read(name)
+        assert same != (name in patched), name
+        if not name.endswith(".py"):
+            compiled += 1
+    assert compiled > 100  # the .so files, the vllm-rs binary, kernels' data files
+
+
+def test_metadata_is_upstreams_with_the_fork_version(fork_zip, upstream_zip, fork_wheel):
+    fork_meta = fork_zip.read(f"{_dist_info(fork_zip.namelist())}/METADATA").decode().splitlines()
+    up_meta = upstream_zip.read(f"{_dist_info(upstream_zip.namelist())}/METADATA").decode().splitlines()
+    version = fork_wheel.name.split("-")[1]
+    assert len(fork_meta) == len(up_meta)
+    differ = [(a, b) for a, b in zip(up_meta, fork_meta) if a != b]
+    # requirements/fork-pins.txt lists no change today: only the version differs.
+    assert differ == [("Version: 0.32.0", f"Version: {version}")]
+
+
+def test_the_version_module_and_manifest_name_the_fork(fork_zip, fork_wheel):
+    version = fork_wheel.name.split("-")[1]
+    namespace = {}
+    exec(fork_zip.read("vllm/_version.py").decode(), namespace)
+    assert namespace["__version__"] == version
+    assert namespace["__version_tuple__"][:3] == (0, 32, 0)
+    manifest = json.loads(fork_zip.read("vllm/fork/manifest.json"))
+    assert manifest == {"fork_version": version, "upstream_version": "0.32.0",
+                        "topics": [t.name for t in Series.load().topics]}
+
+
+def test_tracked_overlay_and_kvarn_files_are_inside_the_package(fork_zip):
+    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "vllm", "kvarn"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert tracked
+    for rel in tracked:
+        inside = rel if rel.startswith("vllm/") else "vllm/" + rel
+        assert fork_zip.read(inside) == (REPO_ROOT / rel).read_bytes(), rel

@@ -1,0 +1,44 @@
+"""Shared fixtures: the fork wheel under test (built by tests/run) and pristine upstream."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def fork_wheel() -> Path:
+    """The wheel tests/run built from this checkout (KILN_TEST_WHEEL)."""
+    path = os.environ.get("KILN_TEST_WHEEL")
+    if not path:
+        pytest.fail("KILN_TEST_WHEEL is not set: run the tiers through tests/run")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def pristine_files():
+    from kiln.fetch import fetch
+
+    return fetch(log=lambda _: None)
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(pristine_files):
+    from kiln.pristine import PristineTree
+
+    return PristineTree.from_files(pristine_files)
+
+
+@pytest.fixture(scope="session")
+def fork_zip(fork_wheel):
+    with zipfile.ZipFile(fork_wheel) as zf:
+        yield zf
+
+
+@pytest.fixture(scope="session")
+def upstream_zip(pristine_files):
+    with zipfile.ZipFile(pristine_files.wheel) as zf:
+        yield zf

@@ -1,0 +1,61 @@
+"""prompt-progress through upstream's real OutputProcessor in the installed fork."""
+
+import pytest
+
+from vllm import SamplingParams
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm.v1.engine.output_processor import OutputProcessor
+
+
+def _request(request_id: str, prompt_len: int, opt_in: bool = True) -> EngineCoreRequest:
+    params = SamplingParams(max_tokens=4, output_kind=RequestOutputKind.DELTA,
+                            extra_args={"return_progress": True} if opt_in else None)
+    return EngineCoreRequest(
+        request_id=request_id, prompt_token_ids=list(range(prompt_len)), mm_features=None,
+        sampling_params=params, pooling_params=None, arrival_time=0.0, lora_request=None,
+        cache_salt=None, data_parallel_rank=None,
+    )
+
+
+@pytest.fixture
+def processor() -> OutputProcessor:
+    proc = OutputProcessor(tokenizer=None, log_stats=True)
+    proc.add_request(_request("r1", 1000), prompt=None)
+    return proc
+
+
+def test_progress_reaches_the_request_output_as_num_computed_tokens(processor):
+    outputs = []
+    for computed in (256, 512, 768):
+        result = processor.process_outputs(
+            [EngineCoreOutput(request_id="r1", new_token_ids=[], num_computed_tokens=computed)])
+        outputs += result.request_outputs
+    assert [o.num_computed_tokens for o in outputs] == [256, 512, 768]
+    for output in outputs:
+        assert isinstance(output, RequestOutput)
+        assert not output.finished
+        assert output.outputs[0].token_ids == []
+        # 0.32 put an `error` parameter where the count is added: it must stay unset.
+        assert getattr(output, "error", None) is None
+
+
+def test_progress_leaves_the_prefill_phase_running(processor):
+    processor.process_outputs(
+        [EngineCoreOutput(request_id="r1", new_token_ids=[], num_computed_tokens=256)])
+    assert processor.request_states["r1"].is_prefilling
+    result = processor.process_outputs(
+        [EngineCoreOutput(request_id="r1", new_token_ids=[11, 12])])
+    assert not processor.request_states["r1"].is_prefilling
+    (output,) = result.request_outputs
+    assert output.outputs[0].token_ids == [11, 12]
+    assert output.num_computed_tokens is None
+
+
+def test_the_finished_request_is_unaffected(processor):
+    result = processor.process_outputs(
+        [EngineCoreOutput(request_id="r1", new_token_ids=[5], finish_reason=FinishReason.LENGTH)])
+    (output,) = result.request_outputs
+    assert output.finished and output.outputs[0].finish_reason == "length"
+    assert "r1" not in processor.request_states

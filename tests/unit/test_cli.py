@@ -1,0 +1,34 @@
+import subprocess
+import sys
+from pathlib import Path
+
+
+from kiln.cli import build_parser, main
+from kiln.paths import REPO_ROOT
+
+COMMANDS = ["apply", "build", "export", "fetch", "materialize", "test-env", "topics", "verify"]
+
+
+def test_every_command_is_registered_with_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in COMMANDS:
+        assert name in sub.choices
+        assert sub.choices[name].format_help().strip()
+
+
+def test_python_dash_m_kiln_runs_with_the_standard_library_alone():
+    # -S leaves site-packages out: kiln's import must not need them.
+    result = subprocess.run([sys.executable, "-S", "-m", "kiln", "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for name in COMMANDS:
+        assert name in result.stdout
+
+
+def test_errors_are_one_clean_line_with_status_2(tmp_path: Path, capsys):
+    code = main(["test-env", "--wheel", str(tmp_path / "missing.whl")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kiln test-env: error: ") and "missing.whl: no such wheel" in err
+    assert "Traceback" not in err
