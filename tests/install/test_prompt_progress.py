@@ -15,7 +15,7 @@ def _request(request_id: str, prompt_len: int, opt_in: bool = True) -> EngineCor
     return EngineCoreRequest(
         request_id=request_id, prompt_token_ids=list(range(prompt_len)), mm_features=None,
         sampling_params=params, pooling_params=None, arrival_time=0.0, lora_request=None,
-        cache_salt=None, data_parallel_rank=None,
+        cache_salt=None, data_parallel_rank=None, external_req_id=request_id,
     )
 
 

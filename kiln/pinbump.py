@@ -1,0 +1,242 @@
+"""Pin a new upstream version: its files and hashes, and the fork's pins that follow upstream's.
+
+File names and sha256 come from the package registry's simple index (PEP 691
+JSON), never from text a person typed. The lock's ``default`` moves only when
+asked, since the old wheel stays the default until the new build passes the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.fetch import DEFAULT_INDEX, PristineFiles, check_pinned, upstream_dir
+from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
+from kiln.pins import canonical, requirement_name
+from kiln.pristine import PristineTree
+
+PROJECT = "vllm"
+CUDA_REQUIREMENTS = "requirements/cuda.txt"
+_VERSION_PIN = re.compile(r"==\s*([^\s;,]+)")
+
+
+def index_url() -> str:
+    return os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+def registry_files(project: str = PROJECT, index: str | None = None) -> dict[str, str]:
+    """File name -> sha256 for every file of the project the index lists."""
+    index = index or index_url()
+    request = urllib.request.Request(f"{index}/{project}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        raise KilnError(f"cannot read {index}/{project}/ (PEP 691 JSON): {e}; "
+                        "check the network or PIP_INDEX_URL") from None
+    return {f["filename"]: f.get("hashes", {}).get("sha256", "") for f in files}
+
+
+def release_from_registry(version: str, wheel_template: str, files: dict[str, str]) -> UpstreamRelease:
+    """The version's wheel (same tags as ``wheel_template``) and sdist, with their hashes."""
+    sdist = f"{PROJECT}-{version}.tar.gz"
+    tags = wheel_template.split("-", 2)[2]  # e.g. cp38-abi3-manylinux_2_28_x86_64.whl
+    wheel = f"{PROJECT}-{version}-{tags}"
+    of_version = sorted(n for n in files if n.startswith(f"{PROJECT}-{version}-") or n == sdist)
+    if not of_version:
+        known = sorted({m.group(1) for n in files if (m := re.match(rf"{PROJECT}-([^-]+?)(?:\.tar\.gz|-)", n))},
+                       key=_version_key)[-5:]
+        raise KilnError(f"{PROJECT} {version} is not on the package index {index_url()} "
+                        f"(latest there: {', '.join(known) or 'none'})")
+    for name in (wheel, sdist):
+        if name not in files:
+            raise KilnError(f"{PROJECT} {version} has no {name} on the index; it has: {', '.join(of_version)}")
+        if not re.fullmatch(r"[0-9a-f]{64}", files[name]):
+            raise KilnError(f"the index gives no sha256 for {name}; a file whose hash is unknown "
+                            "cannot be pinned")
+    return UpstreamRelease(version, PinnedFile(wheel, files[wheel]), PinnedFile(sdist, files[sdist]))
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version))
+
+
+def lock_text(lock: UpstreamLock, header: str) -> str:
+    """The lock file: its comment header, then default, then each version, oldest first."""
+    out = [header.rstrip("\n") + "\n" if header else "", f'default = "{lock.default}"\n']
+    for version in sorted(lock.releases, key=_version_key):
+        r = lock.releases[version]
+        out.append(f'\n[versions."{version}"]\nwheel = "{r.wheel.name}"\nwheel_sha256 = "{r.wheel.sha256}"\n'
+                   f'sdist = "{r.sdist.name}"\nsdist_sha256 = "{r.sdist.sha256}"\n')
+    return "".join(out)
+
+
+def comment_header(text: str) -> str:
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def sdist_tree(version: str, lock: UpstreamLock) -> Path:
+    """The pinned sdist of ``version``, downloaded if missing, hash-checked, unpacked once."""
+    release = lock.release(version)
+    pin = release.sdist
+    target = upstream_dir() / pin.name
+    if not target.exists():
+        url = _file_url(pin.name)
+        with tempfile.TemporaryDirectory(dir=upstream_dir()) as tmp:
+            path = Path(tmp) / pin.name
+            try:
+                with urllib.request.urlopen(url, timeout=600) as response, path.open("wb") as out:
+                    shutil.copyfileobj(response, out, 1 << 20)
+            except (urllib.error.URLError, OSError) as e:
+                raise KilnError(f"could not download {pin.name}: {e}") from None
+            check_pinned(path, pin)
+            os.replace(path, target)
+    check_pinned(target, pin)
+    # Only the sdist is read; the wheel field is never used by from_files.
+    return PristineTree.from_files(PristineFiles(release=release, wheel=Path(), sdist=target)).root
+
+
+def _file_url(name: str) -> str:
+    request = urllib.request.Request(f"{index_url()}/{PROJECT}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        raise KilnError(f"cannot read {index_url()}/{PROJECT}/: {e}") from None
+    url = next((f["url"] for f in files if f["filename"] == name), None)
+    if url is None:
+        raise KilnError(f"{name} is not on the package index {index_url()}")
+    return url
+
+
+# --- upstream's requirements and the fork's pins ---------------------------
+
+
+def read_requirements(path: Path, seen: set[Path] | None = None) -> dict[str, str]:
+    """Canonical project name -> requirement line, following ``-r`` includes."""
+    seen = seen or set()
+    if path in seen or not path.is_file():
+        return {}
+    seen.add(path)
+    found: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].split("#", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        if line.startswith(("-r ", "--requirement")):
+            found.update(read_requirements(path.parent / line.split(None, 1)[1], seen))
+        elif not line.startswith("-"):
+            found[requirement_name(line)] = line
+    return found
+
+
+def pinned_version(requirement: str | None) -> str | None:
+    m = _VERSION_PIN.search(requirement or "")
+    return m.group(1) if m else None
+
+
+def cuda_pins(tree: Path) -> dict[str, str]:
+    """Upstream's CUDA requirements, with flashinfer-cubin made explicit.
+
+    Upstream dropped the flashinfer-cubin line (it is not on PyPI); the fork
+    pins it to the flashinfer-python version, which it must equal.
+    """
+    pins = read_requirements(tree / CUDA_REQUIREMENTS)
+    python = pinned_version(pins.get("flashinfer-python"))
+    cubin = pins.get("flashinfer-cubin")
+    if cubin is None:
+        if python is not None:
+            pins["flashinfer-cubin"] = f"flashinfer-cubin=={python}"
+    elif pinned_version(cubin) != python:
+        raise KilnError(f"{CUDA_REQUIREMENTS} pins {cubin!r} but flashinfer-python=={python}; "
+                        "flashinfer-cubin must equal the flashinfer-python version")
+    return pins
+
+
+@dataclass
+class PinUpdate:
+    text: str
+    changed: list[str] = field(default_factory=list)  # "name: old -> new"
+    review: list[str] = field(default_factory=list)  # fork overrides whose upstream pin moved
+
+
+def update_fork_pins(text: str, old: dict[str, str], new: dict[str, str]) -> PinUpdate:
+    """Move each fork pin that follows upstream's pin; flag deliberate overrides to review.
+
+    A fork line follows upstream when it pins the version upstream's old
+    requirements pinned (flashinfer-cubin included); such lines take the new pin.
+    """
+    update = PinUpdate(text="")
+    lines = []
+    for raw in text.splitlines(keepends=True):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            lines.append(raw)
+            continue
+        name = requirement_name(line)
+        mine, was, now = pinned_version(line), pinned_version(old.get(name)), pinned_version(new.get(name))
+        if mine and was and now and mine == was and now != was:
+            lines.append(raw.replace(mine, now, 1))
+            update.changed.append(f"{name}: {was} -> {now}")
+        else:
+            if was != now and name in new and mine != now:
+                update.review.append(f"{name}: the fork pins {line!r}; upstream moved "
+                                     f"{old.get(name, '(none)')!r} -> {new[name]!r}")
+            lines.append(raw)
+    update.text = "".join(lines)
+    return update
+
+
+@dataclass
+class PinBump:
+    release: UpstreamRelease
+    default: str
+    pins: PinUpdate
+    upstream_changes: list[str]
+
+
+def upstream_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Upstream's requirement lines that differ between the two versions."""
+    changes = []
+    for name in sorted(set(old) | set(new), key=canonical):
+        if old.get(name) != new.get(name):
+            changes.append(f"{name}: {old.get(name, '(none)')} -> {new.get(name, '(none)')}")
+    return changes
+
+
+def pin_bump(version: str, *, lock_path: Path, pins_path: Path, make_default: bool,
+             files: dict[str, str] | None = None, log=print) -> PinBump:
+    """Pin ``version`` in the lock and move the fork's pins; write both files."""
+    lock = UpstreamLock.load(lock_path)
+    template = lock.release().wheel.name
+    release = release_from_registry(version, template, files if files is not None else registry_files())
+    releases = dict(lock.releases)
+    if version in releases and releases[version] != release:
+        raise KilnError(f"{lock_path.name} pins {version} with other files or hashes than the index "
+                        f"lists now ({releases[version]} vs {release}); refusing to overwrite a pin")
+    releases[version] = release
+    new_lock = UpstreamLock(default=version if make_default else lock.default, releases=releases)
+    old_tree = sdist_tree(lock.default, lock)
+    new_tree = sdist_tree(version, new_lock)
+    old_pins, new_pins = cuda_pins(old_tree), cuda_pins(new_tree)
+    pins_text = pins_path.read_text() if pins_path.exists() else ""
+    update = update_fork_pins(pins_text, old_pins, new_pins)
+    lock_path.write_text(lock_text(new_lock, comment_header(lock_path.read_text())))
+    if update.text != pins_text:
+        pins_path.write_text(update.text)
+    return PinBump(release, new_lock.default, update, upstream_changes(old_pins, new_pins))
