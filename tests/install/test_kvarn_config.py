@@ -1,0 +1,163 @@
+"""KVarN cache dtypes in the installed fork (VLLM_TARGET_DEVICE=cpu, HF offline).
+
+The engine config is built by upstream's own EngineArgs.create_engine_config for a
+tiny local Qwen3 config; the page size by the real Attention layer (the CPU platform
+hands kvarn dtypes to the KVARN backend) and upstream's customize_attention_spec.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+
+from vllm.config.cache import CacheDType
+from vllm.engine.arg_utils import EngineArgs
+from vllm.kvarn import Preset
+from vllm.model_executor.layers.attention.attention import Attention
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
+
+VLLM = str(Path(sys.executable).with_name("vllm"))
+PRESETS = ("kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g64")
+NUM_KV_HEADS = 2
+
+
+def _tiny_qwen3(path: Path, head_dim: int = 128, dtype: str = "bfloat16") -> str:
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=NUM_KV_HEADS, head_dim=head_dim,
+                max_position_embeddings=1024, torch_dtype=dtype).save_pretrained(path)
+    return str(path)
+
+
+def _engine_config(model: str, kv_cache_dtype: str, **kwargs):
+    return EngineArgs(model=model, skip_tokenizer_init=True, kv_cache_dtype=kv_cache_dtype,
+                      max_model_len=512, **kwargs).create_engine_config()
+
+
+@contextlib.contextmanager
+def _model_init(config):
+    """As the model loader builds layers: current config, model dtype as default."""
+    from vllm.config import set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
+        yield
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return _tiny_qwen3(tmp_path_factory.mktemp("qwen3-d128"))
+
+
+def test_the_presets_are_cache_dtypes_stored_as_bytes():
+    kvarn = [name for name in get_args(CacheDType) if name.startswith("kvarn_")]
+    assert tuple(kvarn) == PRESETS == Preset.names()
+    assert all(STR_DTYPE_TO_TORCH_DTYPE[name] == torch.uint8 for name in PRESETS)
+
+
+def test_vllm_serve_help_lists_the_presets():
+    result = subprocess.run([VLLM, "serve", "--help=all"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in PRESETS:
+        assert name in result.stdout
+
+
+def test_quant_modes_are_distinct_and_far_from_upstream():
+    values = [m.value for m in KVQuantMode.__members__.values()]
+    assert len(values) == len(set(values)), "two KVQuantMode members share a value"
+    for name in PRESETS:
+        mode = get_kv_quant_mode(name)
+        assert mode.name == name.upper() and mode.value >= 100 and mode.is_kvarn
+    assert not any(m.is_kvarn for m in KVQuantMode if m.value < 100)
+    assert get_kv_quant_mode("auto") == KVQuantMode.NONE
+
+
+def _quant_mode_values(source: str) -> dict[str, int]:
+    """Members of KVQuantMode as the source assigns them (aliases included)."""
+    (cls,) = [n for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.ClassDef) and n.name == "KVQuantMode"]
+    values: dict[str, int] = {}
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+            target, value = stmt.targets[0].id, stmt.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, int):
+                values[target] = value.value
+            elif isinstance(value, ast.Name) and value.id in values:
+                values[target] = values[value.id]
+    return values
+
+
+def test_quant_modes_are_clear_of_pristine_0_33_0():
+    from kiln.fetch import fetch
+    from kiln.lock import UpstreamLock
+
+    if "0.33.0" not in UpstreamLock.load().releases:
+        pytest.skip("vLLM 0.33.0 is not pinned in requirements/upstream.lock "
+                    "(python -m kiln pin-bump --to 0.33.0 pins it)")
+    files = fetch("0.33.0", log=lambda _: None)
+    with tarfile.open(files.sdist) as tar:
+        member = next(m for m in tar.getmembers()
+                      if m.name.endswith("/vllm/v1/kv_cache_interface.py"))
+        upstream = _quant_mode_values(tar.extractfile(member).read().decode())
+    assert upstream.get("CUSTOM") == 12, "0.33.0's KVQuantMode is not what the spec says"
+    ours = {get_kv_quant_mode(name).value for name in PRESETS}
+    assert not ours & set(upstream.values())
+
+
+@pytest.mark.parametrize("name", ["kvarn_k4v2_g128", "kvarn_k4v4_g64"])
+def test_engine_config_block_size_page_size_and_quant_mode(model, name):
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    preset = Preset.parse(name)
+    config = _engine_config(model, name)
+    assert config.cache_config.cache_dtype == name
+    assert config.cache_config.block_size == preset.group
+    with _model_init(config):
+        layer = Attention(4, 128, 128**-0.5, NUM_KV_HEADS, cache_config=config.cache_config,
+                          prefix=f"model.layers.0.self_attn.{name}")
+        backend = layer.get_attn_backend()
+        spec = customize_attention_spec(backend, layer.get_kv_cache_spec(config))
+    assert backend.get_name() == "KVARN"
+    assert spec.kv_quant_mode == get_kv_quant_mode(name) and spec.kv_quant_mode.is_kvarn
+    assert spec.dtype == torch.uint8 and spec.block_size == preset.group
+    assert spec.page_size_bytes == NUM_KV_HEADS * preset.tile_bytes(128)
+    assert backend.get_supported_kernel_block_sizes(spec) == [preset.group]
+
+
+def test_sliding_window_layers_stay_in_model_dtype(model):
+    config = _engine_config(model, "kvarn_k4v2_g128")
+    with _model_init(config):
+        layer = Attention(4, 128, 128**-0.5, NUM_KV_HEADS, cache_config=config.cache_config,
+                          per_layer_sliding_window=64, prefix="model.layers.1.self_attn.sw")
+    assert layer.kv_cache_dtype == "auto"
+    assert layer.kv_cache_torch_dtype == torch.bfloat16
+    assert layer.get_attn_backend().get_name() != "KVARN"
+
+
+def test_an_explicit_block_size_other_than_g_is_refused(model):
+    with pytest.raises(ValueError, match=r"--block-size 64 .*kvarn_k4v2_g128.* must be 128"):
+        _engine_config(model, "kvarn_k4v2_g128", block_size=64)
+    assert _engine_config(model, "kvarn_k4v2_g64", block_size=64).cache_config.block_size == 64
+
+
+def test_an_unsupported_head_dim_is_refused(tmp_path):
+    model = _tiny_qwen3(tmp_path, head_dim=96)
+    with pytest.raises(ValueError, match=r"head dim 96 .*allowed head dims: 64, 128, 256, 512"):
+        _engine_config(model, "kvarn_k4v2_g128")
+
+
+def test_an_fp32_model_dtype_is_refused(tmp_path):
+    model = _tiny_qwen3(tmp_path, dtype="float32")
+    with pytest.raises(ValueError, match=r"model dtype torch.float32 .*allowed: float16, bfloat16"):
+        _engine_config(model, "kvarn_k4v2_g128", dtype="float32")
