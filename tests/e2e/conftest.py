@@ -24,7 +24,7 @@ for _path in (REPO_ROOT, E2E_DIR):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from e2e_config import API_KEY, MAX_MODEL_LEN, SERVED_NAME, STALL_WARN_S  # noqa: E402
+from e2e_config import API_KEY, MAX_MODEL_LEN, PREFILL_CHUNK, SERVED_NAME, STALL_WARN_S  # noqa: E402
 from vllm_server import VllmServer  # noqa: E402
 
 _SERVERS: list[VllmServer] = []
@@ -59,6 +59,8 @@ def server(
             "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", "8",
             "--enable-prefix-caching",
+            # Chunked prefill in small steps, so a long prompt reports progress.
+            "--max-num-batched-tokens", str(PREFILL_CHUNK),
             # No torch.compile: start-up on 2 cores is what this tier pays for.
             "--enforce-eager",
         ],

@@ -1,14 +1,17 @@
 """Prompt progress: outputs that report how far a long prefill has come.
 
 A request opts in with ``return_progress`` in its sampling params' extra_args
-(``vllm_xargs`` in the OpenAI API). The scheduler then emits, for each prefill
-chunk that does not finish the prompt, an output with no tokens and the
-request's ``num_computed_tokens``; the output processor turns it into a
-RequestOutput carrying that count, without ending the request's prefill phase.
+(``"vllm_xargs": {"return_progress": true}`` in the OpenAI API). The scheduler
+then emits, for each prefill chunk that does not finish the prompt, an output
+with no tokens and the request's ``num_computed_tokens``; the output processor
+turns it into a RequestOutput carrying that count, without ending the request's
+prefill phase; the streaming chat and completion endpoints send it as an event
+with ``prompt_progress``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from vllm.v1.engine import EngineCoreOutput
@@ -60,3 +63,25 @@ def deliver_progress(
         state.queue.put(progress)
     else:
         request_outputs.append(progress)
+
+
+def progress_event(
+    output: RequestOutput, request_id: str, model: str, created: int, object_type: str
+) -> str | None:
+    """The SSE event a streaming endpoint sends for a progress output, else None.
+
+    Shaped like the endpoint's own chunks with no choices, plus
+    ``prompt_progress: {total, processed}`` in prompt tokens.
+    """
+    processed = getattr(output, "num_computed_tokens", None)
+    if processed is None:
+        return None
+    event = {
+        "id": request_id,
+        "object": object_type,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "prompt_progress": {"total": len(output.prompt_token_ids or ()), "processed": processed},
+    }
+    return f"data: {json.dumps(event)}\n\n"
