@@ -7,7 +7,17 @@ imports nothing from kiln, since it runs inside the test virtualenv.
 import json
 import os
 
+import pytest
+
 _outcomes: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(items):
+    # Upstream's autouse cleanup tears down the distributed state and runs a full
+    # gc after every test: on 2 cores that tripled the suite's time. Its own
+    # marker skips it; the baseline is recorded the same way, so they compare.
+    for item in items:
+        item.add_marker(pytest.mark.skip_global_cleanup)
 
 
 def pytest_runtest_logreport(report):
