@@ -81,6 +81,19 @@ def server(
         srv.stop()
 
 
+@pytest.fixture
+def http(server: VllmServer):
+    """A raw HTTP client that sends the key, for routes the openai client lacks."""
+    import httpx
+
+    with httpx.Client(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {server.api_key}"},
+        timeout=120,
+    ) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def client(server: VllmServer):
     import openai

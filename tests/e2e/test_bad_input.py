@@ -9,19 +9,8 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
 from e2e_config import MAX_MODEL_LEN
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(
-        base_url=server.url,
-        headers={"Authorization": f"Bearer {server.api_key}"},
-        timeout=120,
-    ) as c:
-        yield c
 
 
 def assert_still_serving(http, server) -> None:

@@ -13,16 +13,6 @@ import pytest
 from e2e_config import STALL_WARN_S
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(
-        base_url=server.url,
-        headers={"Authorization": f"Bearer {server.api_key}"},
-        timeout=120,
-    ) as c:
-        yield c
-
-
 # --- tokenize-v1-route ------------------------------------------------------
 
 
