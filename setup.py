@@ -39,4 +39,7 @@ setup(
     name="vllm",
     version=fork_version(UpstreamLock.load(ROOT / "requirements" / "upstream.lock").default, ROOT),
     cmdclass={"bdist_wheel": KilnWheel, "dist_info": KilnDistInfo},
+    # Nothing here is packaged by setuptools itself: kiln writes the wheel.
+    packages=[],
+    py_modules=[],
 )
