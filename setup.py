@@ -32,7 +32,10 @@ class KilnDistInfo(dist_info):
     """The fork wheel's METADATA, written before the build for pip's resolver."""
 
     def run(self):
-        write_dist_info(Path(self.output_dir), root=ROOT)
+        # setuptools' own run leaves the .egg-info its backend looks for next.
+        super().run()
+        (target,) = Path(self.output_dir).glob("*.dist-info")
+        write_dist_info(target, root=ROOT)
 
 
 setup(

@@ -47,14 +47,12 @@ def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges) -
     return files
 
 
-def write_dist_info(output_dir: Path, root: Path = REPO_ROOT) -> Path:
-    """Write the fork's .dist-info folder (for PEP 517 prepare_metadata)."""
+def write_dist_info(target: Path, root: Path = REPO_ROOT) -> None:
+    """Fill a .dist-info folder with the fork wheel's metadata files (PEP 517 prepare)."""
     lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
     version = fork_version(lock.default, root)
     pins = PinChanges.load(root / "requirements" / "fork-pins.txt")
-    target = output_dir / dist_info_name(version)
     with zipfile.ZipFile(fetch(lock.default, lock=lock).wheel) as upstream:
         for rel, (_, data) in dist_info_files(upstream, version, pins).items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_bytes(data)
-    return target
