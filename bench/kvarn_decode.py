@@ -36,9 +36,10 @@ HBM_BPS = 4.8e12
 SHAPES = [(1, 32768), (8, 32768), (64, 16384), (256, 8192)]
 HEADS, D = 8, 128
 TUNE_FP16 = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
-# (num_warps, num_stages, maxnreg). ncu: the kernel takes 243 registers/thread, so an SM
-# holds 8 warps; capping registers raises occupancy but measured slower so far (spills).
-TUNE = [(4, 2, None), (4, 3, None), (8, 2, None), (4, 2, 128), (4, 3, 128), (4, 3, 96)]
+# (num_warps, num_stages, maxnreg, tile_tokens, prefetch): the kernel is latency-bound on
+# its record loads, so the L2 prefetch distance and the inner sub-tile are the main knobs.
+TUNE = [(4, 1, None, 128, 2), (4, 1, None, 64, 2), (4, 1, None, 64, 0), (4, 1, None, 64, 4),
+        (4, 1, None, 32, 2), (8, 1, None, 64, 2)]
 
 
 def bench(fn) -> float:
@@ -78,27 +79,30 @@ def run_shape(p: Preset, bsz: int, ctx: int, gqa: int, tune: bool, dev: str) -> 
     r = {"preset": p.name, "batch": bsz, "context": ctx, "gqa": gqa, "tokens": bsz * ctx}
 
     splits0 = default_splits(bsz, HEADS, bt.shape[1])
-    configs = [(splits0, 4, 2, None)]
+    configs = [(splits0, *TUNE[0])]
     if tune:
         configs = [(s, *c) for s in sorted({splits0, 2 * splits0}) for c in TUNE]
     best = None
     r["kvarn_all_configs"] = []
-    for s, w, n, nreg in configs:
+    for s, w, n, nreg, ts, pf in configs:
         t = bench(lambda: attend_rotated(q, kv, bt, st, seq, nf, num_splits=s, num_warps=w,
-                                         num_stages=n, maxnreg=nreg))
+                                         num_stages=n, maxnreg=nreg, tile_tokens=ts,
+                                         prefetch=pf))
         r["kvarn_all_configs"].append({"splits": s, "num_warps": w, "num_stages": n,
-                                       "maxnreg": nreg, "ms": t})
+                                       "maxnreg": nreg, "tile_tokens": ts, "prefetch": pf,
+                                       "ms": t})
         if best is None or t < best[0]:
-            best = (t, s, w, n, nreg)
-    t, s, w, n, nreg = best
+            best = (t, s, w, n, nreg, ts, pf)
+    t, s, w, n, nreg, ts, pf = best
     r["kvarn_ms"] = t
-    r["kvarn_config"] = {"splits": s, "num_warps": w, "num_stages": n, "maxnreg": nreg}
+    r["kvarn_config"] = {"splits": s, "num_warps": w, "num_stages": n, "maxnreg": nreg,
+                         "tile_tokens": ts, "prefetch": pf}
     r["kvarn_bytes"] = kv_read + qo_bytes
     r["kvarn_TBps"] = r["kvarn_bytes"] / t / 1e9
     r["kvarn_pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (t * 1e-3)
     r["kvarn_with_rotations_ms"] = bench(
         lambda: attend(q, kv, bt, st, seq, nf, num_splits=s, num_warps=w, num_stages=n,
-                       maxnreg=nreg))
+                       maxnreg=nreg, tile_tokens=ts, prefetch=pf))
     del kv
 
     # fp16 baselines over the same shape
@@ -203,7 +207,8 @@ def main() -> None:
               f"{r['kvarn_ms']:9.4f} {r['kvarn_TBps']:5.2f} {r['kvarn_pct_roofline']:5.1f} "
               f"{r['kvarn_with_rotations_ms']:8.4f} {r['fp16_triton_ms']:8.4f} "
               f"{r['sdpa_ms']:7.4f} {plain:>7} {r['kvarn_over_fp16_triton']:7.3f} "
-              f"s{c['splits']}w{c['num_warps']}n{c['num_stages']}r{c['maxnreg'] or '-'}")
+              f"s{c['splits']}w{c['num_warps']}n{c['num_stages']}r{c['maxnreg'] or '-'}"
+              f"t{c['tile_tokens']}p{c['prefetch']}")
     for f in results["flush"]:
         print(f"flush {f['preset']}: {f['tiles_per_s'] / 1e6:.2f} M tiles/s; steady state "
               f"{f['per_decode_step_ms'] * 1e3:.2f} us per 64x16K step = "

@@ -113,6 +113,19 @@ def _crumbs(x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_record(cache_u8, bt_row, i, n_cache, h, H: tl.constexpr, REC: tl.constexpr):
+    """Ask L2 for record (block_table[i], h), one 128-byte line per lane (PTX only; the
+    kernel is latency-bound on its record loads otherwise). Bad ids are skipped."""
+    blk = tl.load(bt_row + i)
+    ok = (blk >= 0) & (blk < n_cache)
+    NL: tl.constexpr = triton.next_power_of_2((REC + 127) // 128)
+    line = tl.minimum(tl.arange(0, NL) * 128, REC - 128)
+    addr = cache_u8 + (tl.where(ok, blk, 0).to(tl.int64) * H + h) * REC + line
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _v_acc(acc, alpha, pa_e, pa_o, c_e, c_o, pbias, vcol_ptr, U: tl.constexpr,
            VB: tl.constexpr, VPER: tl.constexpr, VNB: tl.constexpr):
     """Channels VPER*i + U of a sub-tile's V contribution. The codes arrive in place
@@ -134,12 +147,12 @@ def _fp16_v_part(acc, alpha, p16, vbase, tt, U: tl.constexpr, VPER: tl.constexpr
 @triton.jit
 def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, nf_ptr,
                  o_ptr, lse_ptr, err_ptr, bt_stride, st_stride, n_cache, n_side, qk_scale,
-                 H: tl.constexpr, HQ: tl.constexpr, Q: tl.constexpr, HPG: tl.constexpr,
+                 SPLITS, H: tl.constexpr, HQ: tl.constexpr, Q: tl.constexpr, HPG: tl.constexpr,
                  G: tl.constexpr, D: tl.constexpr, VB: tl.constexpr, REC: tl.constexpr,
                  K_COL: tl.constexpr, K_ZERO: tl.constexpr, K_ROW: tl.constexpr,
                  V_CODES: tl.constexpr, V_COL: tl.constexpr, V_ROW: tl.constexpr,
-                 V_ZERO: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 TS: tl.constexpr, USE_ASM: tl.constexpr, DEBUG: tl.constexpr):
+                 V_ZERO: tl.constexpr, BLOCK_M: tl.constexpr, TS: tl.constexpr,
+                 USE_ASM: tl.constexpr, PF: tl.constexpr, DEBUG: tl.constexpr):
     # Tokens are handled as even/odd halves (the low/high nibble of each K byte) and
     # channels as VPER interleaved groups (the codes of each V byte), so unpacking is
     # masks only, with no register shuffles. Each record is walked in sub-tiles of TS
@@ -177,9 +190,16 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     per_split = tl.cdiv(F, SPLITS)
     lo = s * per_split
     hi = tl.minimum(lo + per_split, F)
+    if PF > 0:  # warm L2 with the first records of this split
+        for ahead in tl.static_range(1, PF):
+            _prefetch_record(cache_u8, bt_ptr + b * bt_stride + 1, tl.minimum(lo + ahead, hi - 1),
+                             n_cache, h, H, REC)
     for i in range(lo, hi):
         blk = tl.load(bt_ptr + b * bt_stride + 1 + i)
         blk = checked(blk, n_cache, err_ptr, DEBUG)
+        if PF > 0:  # the record PF blocks ahead streams into L2 while this one is used
+            _prefetch_record(cache_u8, bt_ptr + b * bt_stride + 1, tl.minimum(i + PF, hi - 1),
+                             n_cache, h, H, REC)
         rec = (blk.to(tl.int64) * H + h) * REC
         rec = tl.multiple_of(rec, 128)
         f16 = cache_f16 + rec // 2
@@ -302,9 +322,9 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                    side_table: torch.Tensor, seq_lens: torch.Tensor,
                    num_flushed: torch.Tensor, sm_scale: float | None = None,
                    num_splits: int | None = None, debug: bool = False,
-                   num_warps: int = 4, num_stages: int = 2,
-                   maxnreg: int | None = None, tile_tokens: int = 64,
-                   unpack_asm: bool | None = None) -> torch.Tensor:
+                   num_warps: int = 4, num_stages: int = 1,
+                   maxnreg: int | None = None, tile_tokens: int = 128,
+                   unpack_asm: bool | None = None, prefetch: int = 2) -> torch.Tensor:
     """Attention in the rotated frame. q_rot [B, Q, Hq, D] -> fp32 [B, Q, Hq, D].
 
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
@@ -312,7 +332,8 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     which limits an H200 SM to 2 programs of 4 warps). tile_tokens: tokens per inner
     online-softmax step (a power of two >= 32; capped at the group). unpack_asm: unpack
     codes with inline PTX (default: on CUDA outside the interpreter; the portable path
-    computes the same fp16 values). debug=True validates the tables on the host and flags,
+    computes the same fp16 values). prefetch: records to run ahead into L2 (PTX path
+    only; 0 turns it off). debug=True validates the tables on the host and flags,
     inside the kernel, any block id outside its pool (raising IndexError).
     """
     bsz, nq, hq, d = q_rot.shape
@@ -341,11 +362,11 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         q_rot.contiguous(), kv.cache, kv.cache.view(torch.float16), kv.side,
         block_table, side_table, seq_lens, num_flushed, o, lse, err,
         block_table.stride(0), side_table.stride(0), kv.cache.shape[0], kv.side.shape[0],
-        scale, H=h, HQ=hq, Q=nq, HPG=hpg, G=g, D=d, VB=kv.preset.value_bits, REC=lay.total,
+        scale, splits, H=h, HQ=hq, Q=nq, HPG=hpg, G=g, D=d, VB=kv.preset.value_bits, REC=lay.total,
         K_COL=lay.k_col_scale, K_ZERO=lay.k_zero, K_ROW=lay.k_row_scale,
         V_CODES=lay.v_codes, V_COL=lay.v_col_scale, V_ROW=lay.v_row_scale, V_ZERO=lay.v_zero,
-        SPLITS=splits, BLOCK_M=max(16, triton.next_power_of_2(nq * hpg)), TS=ts,
-        USE_ASM=bool(unpack_asm), DEBUG=debug,
+        BLOCK_M=max(16, triton.next_power_of_2(nq * hpg)), TS=ts,
+        USE_ASM=bool(unpack_asm), PF=prefetch if unpack_asm else 0, DEBUG=debug,
         num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     if debug and int(err.item()):
