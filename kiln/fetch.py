@@ -65,12 +65,12 @@ def fetch(version: str | None = None, *, lock: UpstreamLock | None = None,
           log=print) -> PristineFiles:
     """Return the verified pristine wheel and sdist, downloading what the cache lacks."""
     release = (lock or UpstreamLock.load()).release(version)
-    wheel = _fetch_one(release.wheel, lambda d: _pip_download_wheel(release, d), log)
-    sdist = _fetch_one(release.sdist, lambda d: _index_download(release.sdist, d), log)
+    wheel = fetch_pinned(release.wheel, lambda d: _pip_download_wheel(release, d), log)
+    sdist = fetch_pinned(release.sdist, lambda d: download_from_index(release.sdist, d), log)
     return PristineFiles(release=release, wheel=wheel, sdist=sdist)
 
 
-def _fetch_one(pin: PinnedFile, download, log) -> Path:
+def fetch_pinned(pin: PinnedFile, download, log) -> Path:
     target = upstream_dir() / pin.name
     if target.exists():
         check_pinned(target, pin)
@@ -110,7 +110,7 @@ def _pip_download_wheel(release: UpstreamRelease, dest: Path) -> Path:
     return path
 
 
-def _index_download(pin: PinnedFile, dest: Path) -> Path:
+def download_from_index(pin: PinnedFile, dest: Path) -> Path:
     index = os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
     project = pin.name.split("-")[0]
     request = urllib.request.Request(

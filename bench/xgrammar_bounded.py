@@ -1,0 +1,206 @@
+"""Token-mask cost of bounded JSON strings: stock xgrammar 0.2.8 against the fork's build.
+
+Issue 4: a string with maxLength/minLength made stock 0.2.8 far slower per token. This
+measures, with the 131k-token tekken vocabulary shipped in mistral_common (one of vLLM's
+own dependencies), the milliseconds of one ``fill_next_token_bitmask`` + ``accept_token``
+per token while generating inside the string, and the schema's compile time, for stock
+0.2.8 (from the registry) and the fork's build side by side, each in its own process.
+
+Targets, checked and reported (exit status 1 when one is missed):
+  * on the fork build, every bounded case is within 2x of the unbounded string;
+  * no case is slower on the fork than on stock (10% allowed for timing noise).
+
+    python bench/xgrammar_bounded.py [--tokens 200] [--rounds 3] [--json out.json]
+
+Builds (or reuses) the fork wheel and the stock wheel through kiln/xgrammar.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEKKEN = "tekken_240911.json"
+STOP_TOKEN_ID = 2  # </s> in tekken's special-token block
+# Plain words, none with a quote or a backslash, so both builds accept them in a string.
+WORDS = (b" the", b" quick", b" brown", b" fox", b" jumps", b" over", b" lazy", b" dog")
+WITHIN_UNBOUNDED = 2.0  # fork's bounded cases: at most this factor over the unbounded case
+NOISE = 1.10  # "not slower than stock" allows this much timing noise
+
+TOOL_CALL_BEGIN = '<tool_call>{"name": "write_file", "arguments": '
+CASES: dict[str, dict[str, Any]] = {
+    "unbounded": {},
+    "maxLength 2000": {"maxLength": 2000},
+    "maxLength 20000": {"maxLength": 20000},
+    "maxLength 200000": {"maxLength": 200000},
+    "minLength 200": {"minLength": 200},
+    "tool call, maxLength 100000": {"maxLength": 100000},
+    "maxLength 1000000": {"maxLength": 1000000},
+}
+BASELINE = "unbounded"
+
+
+def object_schema(bounds: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string", **bounds}},
+        "required": ["path", "content"],
+    }
+
+
+# ----------------------------------------------------------------- worker (one build)
+
+
+def load_tekken() -> tuple[list[bytes], int]:
+    """The tekken vocabulary of the installed mistral_common, special tokens as empty."""
+    import base64
+    import importlib.util
+
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("mistral_common is not installed; it ships the tekken vocabulary")
+    path = Path(spec.submodule_search_locations[0]) / "data" / TEKKEN
+    data = json.loads(path.read_text())
+    config = data["config"]
+    n_special, size = config["default_num_special_tokens"], config["default_vocab_size"]
+    regular = [base64.b64decode(t["token_bytes"]) for t in data["vocab"][: size - n_special]]
+    return [b""] * n_special + regular, size
+
+
+def measure(compiler: Any, xgr: Any, name: str, vocab: list[bytes], size: int,
+            tokens: int, rounds: int) -> dict[str, Any]:
+    bounds = CASES[name]
+    started = time.perf_counter()
+    if name.startswith("tool call"):
+        tag = {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": ["<tool_call>"],
+            "tags": [{"begin": TOOL_CALL_BEGIN,
+                      "content": {"type": "json_schema", "json_schema": object_schema(bounds)},
+                      "end": "}</tool_call>"}]}}
+        compiled = compiler.compile_structural_tag(json.dumps(tag))
+        prefix = TOOL_CALL_BEGIN + '{"path": "a.py", "content": "'
+    else:
+        compiled = compiler.compile_json_schema(json.dumps(object_schema(bounds)),
+                                                any_whitespace=False)
+        prefix = '{"path": "a.py", "content": "'
+    compile_ms = (time.perf_counter() - started) * 1000
+    matcher = xgr.GrammarMatcher(compiled)
+    if not matcher.accept_string(prefix):
+        raise SystemExit(f"{name}: the grammar rejects its own prefix {prefix!r}")
+    ids = [vocab.index(w) for w in WORDS]
+    bitmask = xgr.allocate_token_bitmask(1, size)
+    per_round = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for step in range(tokens):
+            matcher.fill_next_token_bitmask(bitmask)
+            if not matcher.accept_token(ids[step % len(ids)]):
+                raise SystemExit(f"{name}: token {step} rejected inside the string")
+        per_round.append((time.perf_counter() - started) * 1000 / tokens)
+        matcher.rollback(tokens)
+    return {"compile_ms": compile_ms, "ms_per_token": statistics.median(per_round),
+            "rounds_ms_per_token": per_round}
+
+
+def worker(tokens: int, rounds: int) -> None:
+    import xgrammar as xgr
+
+    vocab, size = load_tekken()
+    info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=size,
+                             stop_token_ids=[STOP_TOKEN_ID])
+    results = {}
+    for name in CASES:
+        # A fresh compiler per case: its cache must not hand one case's work to the next.
+        compiler = xgr.GrammarCompiler(info, max_threads=1)
+        results[name] = measure(compiler, xgr, name, vocab, size, tokens, rounds)
+        print(f"  {name}: {results[name]['ms_per_token']:.3f} ms/token", file=sys.stderr,
+              flush=True)
+    json.dump({"xgrammar": xgr.__file__, "cases": results}, sys.stdout)
+
+
+# ----------------------------------------------------------------- driver (both builds)
+
+
+def run_build(envs: Any, which: str, tokens: int, rounds: int) -> dict[str, Any]:
+    print(f"{which}:", file=sys.stderr, flush=True)
+    result = subprocess.run(
+        [str(envs.python), __file__, "--worker", "--tokens", str(tokens), "--rounds", str(rounds)],
+        env=envs.environ(which), stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"the {which} worker failed (exit {result.returncode})")
+    return json.loads(result.stdout)
+
+
+def check_targets(stock: dict[str, Any], fork: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Each target in words, and whether the measurement meets it."""
+    base = fork[BASELINE]["ms_per_token"]
+    checks = []
+    for name in CASES:
+        if name != BASELINE:
+            ratio = fork[name]["ms_per_token"] / base
+            checks.append((f"fork {name}: {ratio:.2f}x unbounded (target <= {WITHIN_UNBOUNDED}x)",
+                           ratio <= WITHIN_UNBOUNDED))
+        for metric in ("ms_per_token", "compile_ms"):
+            ratio = fork[name][metric] / stock[name][metric]
+            checks.append((f"fork {name} {metric}: {ratio:.2f}x stock (target <= {NOISE:.2f}x)",
+                           ratio <= NOISE))
+    return checks
+
+
+def table(stock: dict[str, Any], fork: dict[str, Any]) -> str:
+    rows = [("case", "stock ms/token", "fork ms/token", "speed-up", "fork vs unbounded",
+             "stock compile ms", "fork compile ms")]
+    base = fork[BASELINE]["ms_per_token"]
+    for name in CASES:
+        s, f = stock[name], fork[name]
+        rows.append((name, f"{s['ms_per_token']:.3f}", f"{f['ms_per_token']:.3f}",
+                     f"{s['ms_per_token'] / f['ms_per_token']:.1f}x",
+                     f"{f['ms_per_token'] / base:.2f}x", f"{s['compile_ms']:.0f}",
+                     f"{f['compile_ms']:.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    lines.insert(1, "| " + " | ".join("-" * w for w in widths) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=200, help="tokens per round (default 200)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is kept")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.tokens < 1 or args.rounds < 1:
+        parser.error("--tokens and --rounds must be at least 1")
+    if args.worker:
+        worker(args.tokens, args.rounds)
+        return 0
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from kiln.xgrammar import xgrammar_envs
+
+    envs = xgrammar_envs(log=lambda m: print(m, file=sys.stderr, flush=True))
+    stock = run_build(envs, "stock", args.tokens, args.rounds)["cases"]
+    fork = run_build(envs, "fork", args.tokens, args.rounds)["cases"]
+    checks = check_targets(stock, fork)
+    print(table(stock, fork))
+    print()
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    if args.json:
+        args.json.write_text(json.dumps({"tokens": args.tokens, "rounds": args.rounds,
+                                         "stock": stock, "fork": fork,
+                                         "targets": [{"target": t, "met": ok} for t, ok in checks]},
+                                        indent=2) + "\n")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

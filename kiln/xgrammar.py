@@ -1,0 +1,311 @@
+"""The fork's xgrammar: the pinned 0.2.8 sdist + patches/xgrammar/, built into a wheel.
+
+vLLM 0.32.0 pins xgrammar==0.2.8. The fork ships ``xgrammar-0.2.8+kiln.N`` beside its
+own wheel (the pin accepts a local version), rebuilt from the registry's sdist with a
+second patch series in the same format as ``patches/``. The sdist is checked against
+``requirements/xgrammar.lock``; the build (scikit-build-core: CMake + ninja, under
+pip's build isolation, constrained by ``requirements/xgrammar-build.txt``) is cached
+outside the repository, keyed by the hashes of everything that goes into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.errors import KilnError
+from kiln.fetch import fetch_pinned, download_from_index, sha256_of
+from kiln.lock import PinnedFile
+from kiln.patching import apply_series
+from kiln.paths import REPO_ROOT, cache_dir
+from kiln.series import Series
+from kiln.testenv import COMPLETE, TORCH
+
+LOCK_PATH = REPO_ROOT / "requirements" / "xgrammar.lock"
+BUILD_CONSTRAINTS = REPO_ROOT / "requirements" / "xgrammar-build.txt"
+RUNTIME_REQUIREMENTS = REPO_ROOT / "requirements" / "xgrammar-test.txt"
+# What stock and fork xgrammar import, plus mistral_common for the benchmark's vocabulary.
+RUNTIME_MODULES = ("torch", "transformers", "pydantic", "tvm_ffi", "numpy", "mistral_common")
+PATCH_DIR = REPO_ROOT / "patches" / "xgrammar"
+# ninja's progress lines, as scikit-build-core passes them through with pip -v.
+_NINJA_STEP = re.compile(r"\[(\d+)/(\d+)\]")
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class XgrammarLock:
+    version: str
+    local: int
+    sdist: PinnedFile
+    stock_wheel: PinnedFile
+
+    @property
+    def fork_version(self) -> str:
+        return f"{self.version}+kiln.{self.local}"
+
+    @classmethod
+    def load(cls, path: Path = LOCK_PATH) -> XgrammarLock:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise KilnError(
+                f"{path}: missing; it pins the xgrammar sdist the fork rebuilds") from None
+        except tomllib.TOMLDecodeError as e:
+            raise KilnError(f"{path}: not valid TOML: {e}") from None
+        try:
+            lock = cls(
+                version=data["version"],
+                local=data["local"],
+                sdist=PinnedFile(data["sdist"], data["sdist_sha256"]),
+                stock_wheel=PinnedFile(data["stock_wheel"], data["stock_wheel_sha256"]),
+            )
+        except KeyError as e:
+            raise KilnError(
+                f"{path}: lacks {e.args[0]}; it needs version, local, sdist, sdist_sha256, "
+                "stock_wheel, stock_wheel_sha256"
+            ) from None
+        if not isinstance(lock.local, int) or lock.local < 1:
+            raise KilnError(f"{path}: local must be a positive integer, not {lock.local!r}")
+        return lock
+
+
+@dataclass(frozen=True)
+class XgrammarBuild:
+    path: Path  # the wheel in the output folder
+    version: str
+    topics: list[str]
+    cached: bool
+    seconds: float
+
+
+def load_series(directory: Path = PATCH_DIR) -> Series:
+    """The xgrammar series, refused whole if any header is incomplete."""
+    series = Series.load(directory)
+    problems = series.problems()
+    if problems:
+        raise KilnError(f"{directory}: the series has problems:\n  " + "\n  ".join(problems))
+    return series
+
+
+def fetch_sdist(lock: XgrammarLock, log: Log = print) -> Path:
+    """The verified sdist, downloaded from the registry's simple index when not cached."""
+    return fetch_pinned(lock.sdist, lambda dest: download_from_index(lock.sdist, dest), log)
+
+
+def build_key(lock: XgrammarLock, series: Series) -> str:
+    """Hash of all that decides the wheel's bytes: sdist, patches, pins, interpreter."""
+    digest = hashlib.sha256()
+    for part in (lock.sdist.sha256, lock.fork_version, sys.version, BUILD_CONSTRAINTS.read_text()):
+        digest.update(part.encode() + b"\0")
+    for topic in series.topics:
+        digest.update(topic.path.name.encode() + b"\0" + topic.path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_xgrammar(out: Path, log: Log = print) -> XgrammarBuild:
+    """Build (or reuse) the fork's xgrammar wheel and copy it into ``out``."""
+    started = time.monotonic()
+    lock = XgrammarLock.load()
+    series = load_series()
+    wheel, cached = fork_wheel(lock, series, log)
+    return XgrammarBuild(
+        path=_publish(wheel, out),
+        version=lock.fork_version,
+        topics=[t.name for t in series.topics],
+        cached=cached,
+        seconds=time.monotonic() - started,
+    )
+
+
+def fork_wheel(lock: XgrammarLock, series: Series, log: Log = print) -> tuple[Path, bool]:
+    """The cached fork wheel (built if missing) and whether it was already cached."""
+    sdist = fetch_sdist(lock, log)
+    cache = cache_dir() / "xgrammar" / f"build-{build_key(lock, series)}"
+    wheel = _cached_wheel(cache)
+    if wheel is not None:
+        return wheel, True
+    return _build_into_cache(sdist, lock, series, cache, log), False
+
+
+def _cached_wheel(cache: Path) -> Path | None:
+    wheels = sorted(cache.glob("xgrammar-*.whl")) if cache.is_dir() else []
+    return wheels[0] if len(wheels) == 1 else None
+
+
+def _build_into_cache(sdist: Path, lock: XgrammarLock, series: Series, cache: Path,
+                      log: Log) -> Path:
+    """Unpack, patch and build in a temporary folder; the cache folder appears only whole."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.parent, prefix=f".{cache.name}.") as tmp:
+        tree = _unpack(sdist, Path(tmp) / "src")
+        apply_series(tree, series.topics,
+                     lambda topic, offsets: log(f"applied {topic.path.name}"
+                                                + "".join(f"\n  {o}" for o in offsets)))
+        built = Path(tmp) / "wheel"
+        _pip_wheel(tree, built, lock.fork_version, log)
+        wheels = list(built.glob("xgrammar-*.whl"))
+        if len(wheels) != 1:
+            raise KilnError(
+                f"the build wrote {[w.name for w in wheels]}, expected one xgrammar wheel")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(built, cache)
+    return cache / wheels[0].name
+
+
+def _unpack(sdist: Path, into: Path) -> Path:
+    with tarfile.open(sdist) as tar:
+        tar.extractall(into, filter="data")
+    roots = [p for p in into.iterdir() if p.is_dir()]
+    if len(roots) != 1:
+        raise KilnError(f"{sdist.name}: expected one top folder, found {[p.name for p in roots]}")
+    return roots[0]
+
+
+def _pip_wheel(tree: Path, dest: Path, version: str, log: Log) -> None:
+    """pip wheel with build isolation; ninja's [k/n] lines are reported as progress."""
+    env = dict(os.environ)
+    env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
+    env["PIP_CONSTRAINT"] = str(BUILD_CONSTRAINTS)
+    # 2 cores on CI and developer machines; more jobs only thrash memory during LTO.
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--disable-pip-version-check",
+           "-w", str(dest), str(tree)]
+    log(f"building xgrammar {version} (CMake + ninja, {env['CMAKE_BUILD_PARALLEL_LEVEL']} jobs)")
+    tail: list[str] = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line])[-60:]
+            if m := _NINJA_STEP.search(line):
+                log(f"  compile step {m.group(1)}/{m.group(2)}")
+    if proc.returncode != 0:
+        raise KilnError(f"building the xgrammar wheel failed (pip exit {proc.returncode}):\n"
+                        + "".join(tail))
+
+
+def _publish(wheel: Path, out: Path) -> Path:
+    """Copy the wheel into ``out`` under a temporary name, then rename: never half a file."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / wheel.name
+    fd, tmp_name = tempfile.mkstemp(dir=out, prefix=f".{wheel.name}.")
+    os.close(fd)
+    try:
+        shutil.copyfile(wheel, tmp_name)
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it private; a wheel in dist/ is for anyone
+        if sha256_of(Path(tmp_name)) != sha256_of(wheel):
+            raise KilnError(f"copying {wheel.name} into {out} gave different bytes")
+        os.replace(tmp_name, target)
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)
+    return target
+
+
+@dataclass(frozen=True)
+class XgrammarEnvs:
+    """One interpreter and two folders, each holding one xgrammar, for PYTHONPATH."""
+
+    python: Path
+    stock: Path
+    fork: Path
+
+    def environ(self, which: str) -> dict[str, str]:
+        """os.environ with ``which`` ("stock" or "fork") first on the import path."""
+        if which not in ("stock", "fork"):
+            raise KilnError(f"unknown xgrammar build {which!r}; allowed: stock, fork")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(getattr(self, which))] + [p for p in [env.get("PYTHONPATH")] if p])
+        return env
+
+
+def xgrammar_envs(log: Log = print) -> XgrammarEnvs:
+    """Stock 0.2.8 from the registry and the fork's build, each importable on its own."""
+    lock = XgrammarLock.load()
+    stock = fetch_pinned(lock.stock_wheel, lambda d: download_from_index(lock.stock_wheel, d), log)
+    fork, _ = fork_wheel(lock, load_series(), log)
+    return XgrammarEnvs(
+        python=runtime_python(log),
+        stock=install_target(stock, log),
+        fork=install_target(fork, log),
+    )
+
+
+def runtime_python(log: Log = print) -> Path:
+    """This interpreter if it has xgrammar's dependencies, else a cached venv that does."""
+    if _has_modules(Path(sys.executable), RUNTIME_MODULES):
+        return Path(sys.executable)
+    text = "\n".join([sys.version, TORCH, RUNTIME_REQUIREMENTS.read_text()])
+    venv = cache_dir() / "venvs" / f"xgrammar-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    python = venv / "bin" / "python"
+    if (venv / COMPLETE).exists():
+        return python
+    # A venv cannot be moved once made: build in place, mark complete last.
+    shutil.rmtree(venv, ignore_errors=True)
+    log(f"making {venv} (CPU torch + {RUNTIME_REQUIREMENTS.name})")
+    _run([sys.executable, "-m", "venv", str(venv)], "create the xgrammar venv")
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    _run([*pip, TORCH], "install CPU torch")
+    _run([*pip, "-r", str(RUNTIME_REQUIREMENTS)], f"install {RUNTIME_REQUIREMENTS.name}")
+    (venv / COMPLETE).write_text(text)
+    return python
+
+
+def install_target(wheel: Path, log: Log = print) -> Path:
+    """A folder holding only this wheel's files (no dependencies), keyed by its hash."""
+    target = cache_dir() / "xgrammar" / f"site-{sha256_of(wheel)[:16]}"
+    if (target / COMPLETE).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"unpacking {wheel.name} into {target}")
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+        _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+              "--no-deps", "--target", tmp, str(wheel)], f"unpack {wheel.name}")
+        (Path(tmp) / COMPLETE).write_text(wheel.name + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        os.mkdir(tmp)  # TemporaryDirectory removes its folder on exit
+    return target
+
+
+def _has_modules(python: Path, modules: tuple[str, ...]) -> bool:
+    code = ("import importlib.util, sys; "
+            f"sys.exit(any(importlib.util.find_spec(m) is None for m in {modules!r}))")
+    return subprocess.run([str(python), "-c", code], capture_output=True).returncode == 0
+
+
+def _run(cmd: list[str], what: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KilnError(f"{what} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+
+
+def sdist_tests(log: Log = print) -> Path:
+    """xgrammar's own test folder from the pinned sdist, unpacked once into the cache."""
+    lock = XgrammarLock.load()
+    target = cache_dir() / "xgrammar" / f"tests-{lock.sdist.sha256[:16]}"
+    if (target / COMPLETE).exists():
+        return target / "tests"
+    sdist = fetch_sdist(lock, log)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+        tree = _unpack(sdist, Path(tmp) / "src")
+        shutil.move(str(tree / "tests"), str(Path(tmp) / "tests"))
+        shutil.rmtree(Path(tmp) / "src")
+        (Path(tmp) / COMPLETE).write_text(lock.sdist.name + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        os.mkdir(tmp)  # TemporaryDirectory removes its folder on exit
+    return target / "tests"
