@@ -34,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
                     branch_repo=args.branch_repo, wheel_files=wheel_files)
     for name, ok, detail in report.checks:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
-        if detail and not ok or detail and "offset" in detail:
+        if detail and (not ok or "offset" in detail):
             print("     " + detail.replace("\n", "\n     "))
     return 0 if report.ok else 1
