@@ -110,17 +110,25 @@ def _pip_download_wheel(release: UpstreamRelease, dest: Path) -> Path:
     return path
 
 
-def download_from_index(pin: PinnedFile, dest: Path) -> Path:
-    index = os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
-    project = pin.name.split("-")[0]
+def index_url() -> str:
+    return os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+def index_files(project: str, index: str | None = None) -> list[dict]:
+    """The project's files as the registry's simple index lists them (PEP 691 JSON)."""
     request = urllib.request.Request(
-        f"{index}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+        f"{index or index_url()}/{project}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
     )
     with urllib.request.urlopen(request, timeout=60) as response:
-        files = json.load(response)["files"]
+        return json.load(response)["files"]
+
+
+def download_from_index(pin: PinnedFile, dest: Path) -> Path:
+    files = index_files(pin.name.split("-")[0])
     url = next((f["url"] for f in files if f["filename"] == pin.name), None)
     if url is None:
-        raise KilnError(f"{pin.name} is not on the package index {index}")
+        raise KilnError(f"{pin.name} is not on the package index {index_url()}")
     path = dest / pin.name
     with urllib.request.urlopen(url, timeout=600) as response, path.open("wb") as out:
         shutil.copyfileobj(response, out, 1 << 20)

@@ -7,18 +7,19 @@ asked, since the old wheel stays the default until the new build passes the test
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import tempfile
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.fetch import DEFAULT_INDEX, PristineFiles, check_pinned, upstream_dir
+from kiln.fetch import (
+    PristineFiles,
+    download_from_index,
+    fetch_pinned,
+    index_files,
+    index_url,
+)
 from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
 from kiln.pins import canonical, requirement_name
 from kiln.pristine import PristineTree
@@ -28,18 +29,11 @@ CUDA_REQUIREMENTS = "requirements/cuda.txt"
 _VERSION_PIN = re.compile(r"==\s*([^\s;,]+)")
 
 
-def index_url() -> str:
-    return os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
-
-
 def registry_files(project: str = PROJECT, index: str | None = None) -> dict[str, str]:
     """File name -> sha256 for every file of the project the index lists."""
     index = index or index_url()
-    request = urllib.request.Request(f"{index}/{project}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response)["files"]
+        files = index_files(project, index)
     except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
         raise KilnError(f"cannot read {index}/{project}/ (PEP 691 JSON): {e}; "
                         "check the network or PIP_INDEX_URL") from None
@@ -93,35 +87,9 @@ def sdist_tree(version: str, lock: UpstreamLock) -> Path:
     """The pinned sdist of ``version``, downloaded if missing, hash-checked, unpacked once."""
     release = lock.release(version)
     pin = release.sdist
-    target = upstream_dir() / pin.name
-    if not target.exists():
-        url = _file_url(pin.name)
-        with tempfile.TemporaryDirectory(dir=upstream_dir()) as tmp:
-            path = Path(tmp) / pin.name
-            try:
-                with urllib.request.urlopen(url, timeout=600) as response, path.open("wb") as out:
-                    shutil.copyfileobj(response, out, 1 << 20)
-            except (urllib.error.URLError, OSError) as e:
-                raise KilnError(f"could not download {pin.name}: {e}") from None
-            check_pinned(path, pin)
-            os.replace(path, target)
-    check_pinned(target, pin)
+    sdist = fetch_pinned(pin, lambda dest: download_from_index(pin, dest), log=lambda _: None)
     # Only the sdist is read; the wheel field is never used by from_files.
-    return PristineTree.from_files(PristineFiles(release=release, wheel=Path(), sdist=target)).root
-
-
-def _file_url(name: str) -> str:
-    request = urllib.request.Request(f"{index_url()}/{PROJECT}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response)["files"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
-        raise KilnError(f"cannot read {index_url()}/{PROJECT}/: {e}") from None
-    url = next((f["url"] for f in files if f["filename"] == name), None)
-    if url is None:
-        raise KilnError(f"{name} is not on the package index {index_url()}")
-    return url
+    return PristineTree.from_files(PristineFiles(release=release, wheel=Path(), sdist=sdist)).root
 
 
 # --- upstream's requirements and the fork's pins ---------------------------
