@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.tomlfile import read_toml
 from kiln.paths import REPO_ROOT
 
 LOCK_PATH = REPO_ROOT / "requirements" / "upstream.lock"
@@ -32,12 +32,7 @@ class UpstreamLock:
 
     @classmethod
     def load(cls, path: Path = LOCK_PATH) -> UpstreamLock:
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise KilnError(f"{path}: missing; it pins the pristine upstream files") from None
-        except tomllib.TOMLDecodeError as e:
-            raise KilnError(f"{path}: not valid TOML: {e}") from None
+        data = read_toml(path, "missing; it pins the pristine upstream files")
         releases = {}
         for version, entry in data.get("versions", {}).items():
             try:

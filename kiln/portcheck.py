@@ -21,7 +21,6 @@ import difflib
 import re
 import shutil
 import tempfile
-import tomllib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from kiln.errors import KilnError
 from kiln.patching import apply_topic
 from kiln.series import Series, Topic
+from kiln.tomlfile import read_toml
 
 KINDS = ("removed-name", "changed-signature", "override", "enum-collision", "body-drift", "moved")
 OVERLAY_TOPIC = "(overlay)"
@@ -842,12 +842,7 @@ class Acceptance:
 
 def load_acceptances(path: Path, to_version: str) -> list[Acceptance]:
     """The file's ``[[accept]]`` entries that apply when porting to ``to_version``."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise KilnError(f"{path}: no such accept file; create it or leave --accept out") from None
-    except tomllib.TOMLDecodeError as e:
-        raise KilnError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, "no such accept file; create it or leave --accept out")
     entries = []
     for number, entry in enumerate(data.get("accept", []), start=1):
         missing = [k for k in ("kind", "topic", "where", "reason") if not str(entry.get(k, "")).strip()]

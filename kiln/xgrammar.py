@@ -19,7 +19,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from kiln.patching import apply_series
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.series import Series
 from kiln.testenv import COMPLETE, TORCH
+from kiln.tomlfile import read_toml
 
 LOCK_PATH = REPO_ROOT / "requirements" / "xgrammar.lock"
 BUILD_CONSTRAINTS = REPO_ROOT / "requirements" / "xgrammar-build.txt"
@@ -57,13 +57,7 @@ class XgrammarLock:
 
     @classmethod
     def load(cls, path: Path = LOCK_PATH) -> XgrammarLock:
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise KilnError(
-                f"{path}: missing; it pins the xgrammar sdist the fork rebuilds") from None
-        except tomllib.TOMLDecodeError as e:
-            raise KilnError(f"{path}: not valid TOML: {e}") from None
+        data = read_toml(path, "missing; it pins the xgrammar sdist the fork rebuilds")
         try:
             lock = cls(
                 version=data["version"],
