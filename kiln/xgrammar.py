@@ -28,7 +28,7 @@ from kiln.fetch import fetch_pinned, download_from_index, sha256_of
 from kiln.lock import PinnedFile
 from kiln.patching import apply_series
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.series import Series
+from kiln.series import Series, Topic
 from kiln.testenv import COMPLETE, TORCH
 from kiln.tomlfile import read_toml
 
@@ -38,6 +38,8 @@ RUNTIME_REQUIREMENTS = REPO_ROOT / "requirements" / "xgrammar-test.txt"
 # What stock and fork xgrammar import, plus mistral_common for the benchmark's vocabulary.
 RUNTIME_MODULES = ("torch", "transformers", "pydantic", "tvm_ffi", "numpy", "mistral_common")
 PATCH_DIR = REPO_ROOT / "patches" / "xgrammar"
+# Local version label of stock xgrammar rebuilt here (rebuilt_stock_wheel).
+REBUILT_LABEL = "rebuilt"
 # ninja's progress lines, as scikit-build-core passes them through with pip -v.
 _NINJA_STEP = re.compile(r"\[(\d+)/(\d+)\]")
 
@@ -98,12 +100,12 @@ def fetch_sdist(lock: XgrammarLock, log: Log = print) -> Path:
     return fetch_pinned(lock.sdist, lambda dest: download_from_index(lock.sdist, dest), log)
 
 
-def build_key(lock: XgrammarLock, series: Series) -> str:
-    """Hash of all that decides the wheel's bytes: sdist, patches, pins, interpreter."""
+def build_key(lock: XgrammarLock, topics: list[Topic], version: str) -> str:
+    """Hash of all that decides a wheel's bytes: sdist, patches, version, pins, interpreter."""
     digest = hashlib.sha256()
-    for part in (lock.sdist.sha256, lock.fork_version, sys.version, BUILD_CONSTRAINTS.read_text()):
+    for part in (lock.sdist.sha256, version, sys.version, BUILD_CONSTRAINTS.read_text()):
         digest.update(part.encode() + b"\0")
-    for topic in series.topics:
+    for topic in topics:
         digest.update(topic.path.name.encode() + b"\0" + topic.path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -125,12 +127,26 @@ def build_xgrammar(out: Path, log: Log = print) -> XgrammarBuild:
 
 def fork_wheel(lock: XgrammarLock, series: Series, log: Log = print) -> tuple[Path, bool]:
     """The cached fork wheel (built if missing) and whether it was already cached."""
+    return _wheel(lock, series.topics, lock.fork_version, log)
+
+
+def rebuilt_stock_wheel(lock: XgrammarLock, series: Series, log: Log = print) -> Path:
+    """Stock 0.2.8 compiled here: the sdist with only the series' build topics (Kind: local).
+
+    It separates what the fork's patches cost from what this machine's compiler costs
+    against the registry's wheel, which upstream builds with a newer GCC in manylinux.
+    """
+    topics = [t for t in series.topics if t.kind == "local"]
+    return _wheel(lock, topics, f"{lock.version}+{REBUILT_LABEL}", log)[0]
+
+
+def _wheel(lock: XgrammarLock, topics: list[Topic], version: str, log: Log) -> tuple[Path, bool]:
     sdist = fetch_sdist(lock, log)
-    cache = cache_dir() / "xgrammar" / f"build-{build_key(lock, series)}"
+    cache = cache_dir() / "xgrammar" / f"build-{build_key(lock, topics, version)}"
     wheel = _cached_wheel(cache)
     if wheel is not None:
         return wheel, True
-    return _build_into_cache(sdist, lock, series, cache, log), False
+    return _build_into_cache(sdist, topics, version, cache, log), False
 
 
 def _cached_wheel(cache: Path) -> Path | None:
@@ -138,17 +154,17 @@ def _cached_wheel(cache: Path) -> Path | None:
     return wheels[0] if len(wheels) == 1 else None
 
 
-def _build_into_cache(sdist: Path, lock: XgrammarLock, series: Series, cache: Path,
+def _build_into_cache(sdist: Path, topics: list[Topic], version: str, cache: Path,
                       log: Log) -> Path:
     """Unpack, patch and build in a temporary folder; the cache folder appears only whole."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache.parent, prefix=f".{cache.name}.") as tmp:
         tree = _unpack(sdist, Path(tmp) / "src")
-        apply_series(tree, series.topics,
+        apply_series(tree, topics,
                      lambda topic, offsets: log(f"applied {topic.path.name}"
                                                 + "".join(f"\n  {o}" for o in offsets)))
         built = Path(tmp) / "wheel"
-        _pip_wheel(tree, built, lock.fork_version, log)
+        _pip_wheel(tree, built, version, log)
         wheels = list(built.glob("xgrammar-*.whl"))
         if len(wheels) != 1:
             raise KilnError(
@@ -209,31 +225,39 @@ def _publish(wheel: Path, out: Path) -> Path:
 
 @dataclass(frozen=True)
 class XgrammarEnvs:
-    """One interpreter and two folders, each holding one xgrammar, for PYTHONPATH."""
+    """One interpreter and a folder per xgrammar build, each put first on PYTHONPATH."""
 
     python: Path
     stock: Path
     fork: Path
+    rebuilt: Path | None = None  # stock compiled here, when asked for
+
+    @property
+    def builds(self) -> list[str]:
+        return ["stock", "fork"] + (["rebuilt"] if self.rebuilt is not None else [])
 
     def environ(self, which: str) -> dict[str, str]:
-        """os.environ with ``which`` ("stock" or "fork") first on the import path."""
-        if which not in ("stock", "fork"):
-            raise KilnError(f"unknown xgrammar build {which!r}; allowed: stock, fork")
+        """os.environ with build ``which`` (one of ``builds``) first on the import path."""
+        if which not in self.builds:
+            raise KilnError(f"unknown xgrammar build {which!r}; allowed: {', '.join(self.builds)}")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(getattr(self, which))] + [p for p in [env.get("PYTHONPATH")] if p])
         return env
 
 
-def xgrammar_envs(log: Log = print) -> XgrammarEnvs:
-    """Stock 0.2.8 from the registry and the fork's build, each importable on its own."""
+def xgrammar_envs(log: Log = print, rebuilt: bool = False) -> XgrammarEnvs:
+    """Stock 0.2.8 from the registry and the fork's build, each importable on its own;
+    with ``rebuilt``, also stock compiled here (see rebuilt_stock_wheel)."""
     lock = XgrammarLock.load()
+    series = load_series()
     stock = fetch_pinned(lock.stock_wheel, lambda d: download_from_index(lock.stock_wheel, d), log)
-    fork, _ = fork_wheel(lock, load_series(), log)
+    fork, _ = fork_wheel(lock, series, log)
     return XgrammarEnvs(
         python=runtime_python(log),
         stock=install_target(stock, log),
         fork=install_target(fork, log),
+        rebuilt=install_target(rebuilt_stock_wheel(lock, series, log), log) if rebuilt else None,
     )
 
 
