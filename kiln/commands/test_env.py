@@ -2,7 +2,9 @@
 
 The venv holds CPU torch 2.13.0, the wheel's own requirements (less
 torchvision, torchaudio and torchcodec, which fail beside CPU torch) and
-requirements/test.txt. Prints the venv's folder.
+requirements/test.txt. With --xgrammar, the fork's xgrammar wheel replaces the stock
+xgrammar that the requirements brought, as the README's install line does. Prints the
+venv's folder.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ HELP = "the cached test virtualenv, with the given wheel installed"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wheel", type=Path, required=True, help="the fork wheel to install")
+    parser.add_argument("--xgrammar", type=Path, metavar="WHEEL",
+                        help="the fork's xgrammar wheel (from `kiln build`) to install over stock")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.wheel.is_file():
-        raise KilnError(f"{args.wheel}: no such wheel; build one with `python -m kiln build`")
+    for wheel in (args.wheel, args.xgrammar):
+        if wheel is not None and not wheel.is_file():
+            raise KilnError(f"{wheel}: no such wheel; build one with `python -m kiln build`")
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731  stdout carries only the path
     venv = test_venv(args.wheel, log=log)
     install_wheel(venv, args.wheel, log=log)
+    if args.xgrammar is not None:
+        install_wheel(venv, args.xgrammar, log=log)
     print(venv)
     return 0

@@ -2,7 +2,8 @@
 
 Starting the server is most of the tier's cost on a 2-core CI machine, so every
 test module shares one: it runs with the flags the topics under test need
-(--api-key, prefix caching, the stall sentinel knob and its test trigger).
+(--api-key, prefix caching, the stall sentinel knob and its test trigger,
+structured output on xgrammar).
 Environment knobs: E2E_SERVER_START_TIMEOUT (seconds, default 900) and
 E2E_MODEL_DIR (serve this folder instead of building the tiny model).
 """
@@ -63,6 +64,10 @@ def server(
             "--max-num-batched-tokens", str(PREFILL_CHUNK),
             # No torch.compile: start-up on 2 cores is what this tier pays for.
             "--enforce-eager",
+            # Structured output on xgrammar (the fork's build) with no free whitespace,
+            # so a random-weight model finishes a JSON document.
+            "--structured-outputs-config",
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
         ],
         log_path=tmp_path_factory.mktemp("server") / "vllm-serve.log",
         env={
