@@ -34,33 +34,40 @@ def _u8_f16(x, m: tl.constexpr):
     return ((x.to(tl.int16) & m) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
 
 
+def _unpack_ptx(masks: tuple[int, ...]) -> str:
+    """PTX for one uint8 -> fp16 unpacker, 4 bytes per call: prmt spreads the bytes into
+    two fp16x2 words; per mask, an AND keeps the code's bits, an OR puts the exponent of
+    1024 in and an exact HSUB2 takes 1024 off, so a pair of codes costs one LOP3 and one
+    HSUB2. Output 2i is mask i over bytes 0 and 1, output 2i + 1 over bytes 2 and 3."""
+    src = f"${2 * len(masks)}"
+    lines = [".reg .b32 a, b, t, m;", "mov.b32 m, 0x64006400;",
+             f"prmt.b32 a, {src}, 0, 0x4140;", f"prmt.b32 b, {src}, 0, 0x4342;"]
+    for i, mask in enumerate(masks):
+        for j, word in enumerate("ab"):
+            lines += [f"and.b32 t, {word}, 0x{mask:04X}{mask:04X};", "or.b32 t, t, m;",
+                      f"sub.rn.f16x2 ${2 * i + j}, t, m;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def _unpack_constraints(masks: tuple[int, ...]) -> str:
+    return "=r," * (2 * len(masks)) + "r"
+
+
+_NIBBLE_MASKS = (0x0F, 0xF0)
+_CRUMB_MASKS = (0x03, 0x0C, 0x30, 0xC0)
+_NIBBLES_PTX = tl.constexpr(_unpack_ptx(_NIBBLE_MASKS))
+_NIBBLES_CONSTRAINTS = tl.constexpr(_unpack_constraints(_NIBBLE_MASKS))
+_CRUMBS_PTX = tl.constexpr(_unpack_ptx(_CRUMB_MASKS))
+_CRUMBS_CONSTRAINTS = tl.constexpr(_unpack_constraints(_CRUMB_MASKS))
+
+
 @triton.jit
 def _nibbles(x, USE_ASM: tl.constexpr):
-    """uint8 -> (low nibble, 16 * high nibble) as exact fp16. The PTX path spreads 4 bytes
-    into two fp16x2 words (prmt), masks the exponent of 1024 in and subtracts it, so a
-    pair of codes costs one LOP3 and one HSUB2."""
+    """uint8 -> (low nibble, 16 * high nibble) as exact fp16 (see _unpack_ptx)."""
     if USE_ASM:
         lo, hi = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, b, t, m;
-            mov.b32 m, 0x64006400;
-            prmt.b32 a, $4, 0, 0x4140;
-            prmt.b32 b, $4, 0, 0x4342;
-            and.b32 t, a, 0x000F000F;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $0, t, m;
-            and.b32 t, b, 0x000F000F;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $1, t, m;
-            and.b32 t, a, 0x00F000F0;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $2, t, m;
-            and.b32 t, b, 0x00F000F0;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $3, t, m;
-            }""",
-            constraints="=r,=r,=r,=r,r", args=[x], dtype=(tl.float16, tl.float16),
-            is_pure=True, pack=4)
+            asm=_NIBBLES_PTX, constraints=_NIBBLES_CONSTRAINTS, args=[x],
+            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         lo = _u8_f16(x, 0x0F)
         hi = _u8_f16(x, 0xF0)
@@ -69,40 +76,10 @@ def _nibbles(x, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _crumbs(x, USE_ASM: tl.constexpr):
-    """uint8 -> 4**u * (2-bit code u), u = 0..3, as exact fp16."""
+    """uint8 -> 4**u * (2-bit code u), u = 0..3, as exact fp16 (see _unpack_ptx)."""
     if USE_ASM:
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, b, t, m;
-            mov.b32 m, 0x64006400;
-            prmt.b32 a, $8, 0, 0x4140;
-            prmt.b32 b, $8, 0, 0x4342;
-            and.b32 t, a, 0x00030003;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $0, t, m;
-            and.b32 t, b, 0x00030003;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $1, t, m;
-            and.b32 t, a, 0x000C000C;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $2, t, m;
-            and.b32 t, b, 0x000C000C;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $3, t, m;
-            and.b32 t, a, 0x00300030;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $4, t, m;
-            and.b32 t, b, 0x00300030;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $5, t, m;
-            and.b32 t, a, 0x00C000C0;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $6, t, m;
-            and.b32 t, b, 0x00C000C0;
-            or.b32 t, t, m;
-            sub.rn.f16x2 $7, t, m;
-            }""",
-            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[x],
+            asm=_CRUMBS_PTX, constraints=_CRUMBS_CONSTRAINTS, args=[x],
             dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         c0 = _u8_f16(x, 0x03)
