@@ -17,6 +17,11 @@ class PinnedFile:
     name: str
     sha256: str
 
+    @classmethod
+    def from_table(cls, table: dict, key: str) -> PinnedFile:
+        """The file a lock names under ``key``, pinned by its ``<key>_sha256`` entry."""
+        return cls(table[key], table[f"{key}_sha256"])
+
 
 @dataclass(frozen=True)
 class UpstreamRelease:
@@ -38,8 +43,8 @@ class UpstreamLock:
             try:
                 releases[version] = UpstreamRelease(
                     version=version,
-                    wheel=PinnedFile(entry["wheel"], entry["wheel_sha256"]),
-                    sdist=PinnedFile(entry["sdist"], entry["sdist_sha256"]),
+                    wheel=PinnedFile.from_table(entry, "wheel"),
+                    sdist=PinnedFile.from_table(entry, "sdist"),
                 )
             except KeyError as e:
                 raise KilnError(

@@ -74,6 +74,6 @@ def test_venv(wheel: Path, log=print) -> Path:
 
 
 def install_wheel(venv: Path, wheel: Path, log=print) -> None:
-    """Put this wheel (and nothing else) into the venv, replacing what it replaces there."""
+    """Put this wheel (and nothing else) into the venv, over any installed copy of its project."""
     _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
           "-q", "--no-deps", "--force-reinstall", str(wheel)], f"install {wheel.name}", log)

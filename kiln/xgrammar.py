@@ -38,8 +38,6 @@ RUNTIME_REQUIREMENTS = REPO_ROOT / "requirements" / "xgrammar-test.txt"
 # What stock and fork xgrammar import, plus mistral_common for the benchmark's vocabulary.
 RUNTIME_MODULES = ("torch", "transformers", "pydantic", "tvm_ffi", "numpy", "mistral_common")
 PATCH_DIR = REPO_ROOT / "patches" / "xgrammar"
-# Local version label of stock xgrammar rebuilt here (rebuilt_stock_wheel).
-REBUILT_LABEL = "rebuilt"
 # ninja's progress lines, as scikit-build-core passes them through with pip -v.
 _NINJA_STEP = re.compile(r"\[(\d+)/(\d+)\]")
 
@@ -64,8 +62,8 @@ class XgrammarLock:
             lock = cls(
                 version=data["version"],
                 local=data["local"],
-                sdist=PinnedFile(data["sdist"], data["sdist_sha256"]),
-                stock_wheel=PinnedFile(data["stock_wheel"], data["stock_wheel_sha256"]),
+                sdist=PinnedFile.from_table(data, "sdist"),
+                stock_wheel=PinnedFile.from_table(data, "stock_wheel"),
             )
         except KeyError as e:
             raise KilnError(
@@ -137,7 +135,7 @@ def rebuilt_stock_wheel(lock: XgrammarLock, series: Series, log: Log = print) ->
     against the registry's wheel, which upstream builds with a newer GCC in manylinux.
     """
     topics = [t for t in series.topics if t.kind == "local"]
-    return _wheel(lock, topics, f"{lock.version}+{REBUILT_LABEL}", log)[0]
+    return _wheel(lock, topics, f"{lock.version}+rebuilt", log)[0]
 
 
 def _wheel(lock: XgrammarLock, topics: list[Topic], version: str, log: Log) -> tuple[Path, bool]:
