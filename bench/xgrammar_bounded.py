@@ -17,7 +17,7 @@ Targets, checked and reported (exit status 1 when one is missed):
   * no case is slower on the fork than on stock (10% allowed for timing noise).
 
     python bench/xgrammar_bounded.py [--tokens 200] [--rounds 3] [--trials 3] [--rebuilt]
-                                     [--json out.json]
+                                     [--case NAME ...] [--json out.json]
 
 Builds (or reuses) the wheels through kiln/xgrammar.py.
 """
@@ -114,14 +114,14 @@ def measure(compiler: Any, xgr: Any, name: str, vocab: list[bytes], size: int,
     return {"compile_ms": compile_ms, "rounds_ms_per_token": per_round}
 
 
-def worker(tokens: int, rounds: int) -> None:
+def worker(tokens: int, rounds: int, cases: list[str]) -> None:
     import xgrammar as xgr
 
     vocab, size = load_tekken()
     info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=size,
                              stop_token_ids=[STOP_TOKEN_ID])
     results = {}
-    for name in CASES:
+    for name in cases:
         # A fresh compiler per case: its cache must not hand one case's work to the next.
         compiler = xgr.GrammarCompiler(info, max_threads=1)
         results[name] = measure(compiler, xgr, name, vocab, size, tokens, rounds)
@@ -133,35 +133,38 @@ def worker(tokens: int, rounds: int) -> None:
 # ----------------------------------------------------------------- driver (both builds)
 
 
-def run_build(envs: Any, which: str, tokens: int, rounds: int) -> dict[str, Any]:
+def run_build(envs: Any, which: str, tokens: int, rounds: int,
+              cases: list[str]) -> dict[str, Any]:
     print(f"{which}:", file=sys.stderr, flush=True)
     result = subprocess.run(
-        [str(envs.python), __file__, "--worker", "--tokens", str(tokens), "--rounds", str(rounds)],
+        [str(envs.python), __file__, "--worker", "--tokens", str(tokens), "--rounds", str(rounds),
+         *(arg for name in cases for arg in ("--case", name))],
         env=envs.environ(which), stdout=subprocess.PIPE, text=True)
     if result.returncode != 0:
         raise SystemExit(f"the {which} worker failed (exit {result.returncode})")
     return json.loads(result.stdout)["cases"]
 
 
-def run_trials(envs: Any, tokens: int, rounds: int, trials: int) -> dict[str, dict[str, Any]]:
+def run_trials(envs: Any, tokens: int, rounds: int, trials: int,
+               cases: list[str]) -> dict[str, dict[str, Any]]:
     """Each build's cases over interleaved trials: the fastest round and compile kept."""
     runs: dict[str, list[dict[str, Any]]] = {which: [] for which in envs.builds}
     for trial in range(trials):
         print(f"trial {trial + 1}/{trials}", file=sys.stderr, flush=True)
         for which in envs.builds:
-            runs[which].append(run_build(envs, which, tokens, rounds))
+            runs[which].append(run_build(envs, which, tokens, rounds, cases))
     return {which: {name: {
         "ms_per_token": min(t for run in results for t in run[name]["rounds_ms_per_token"]),
         "compile_ms": min(run[name]["compile_ms"] for run in results),
         "trials": [run[name] for run in results],
-    } for name in CASES} for which, results in runs.items()}
+    } for name in cases} for which, results in runs.items()}
 
 
 def check_targets(stock: dict[str, Any], fork: dict[str, Any]) -> list[tuple[str, bool]]:
     """Each target in words, and whether the measurement meets it."""
     base = fork[BASELINE]["ms_per_token"]
     checks = []
-    for name in CASES:
+    for name in fork:
         if name != BASELINE:
             ratio = fork[name]["ms_per_token"] / base
             checks.append((f"fork {name}: {ratio:.2f}x unbounded (target <= {WITHIN_UNBOUNDED}x)",
@@ -180,7 +183,7 @@ def table(builds: dict[str, dict[str, Any]]) -> str:
              "fork ms/token", "speed-up", "fork vs unbounded", "stock compile ms",
              "fork compile ms")]
     base = fork[BASELINE]["ms_per_token"]
-    for name in CASES:
+    for name in fork:
         s, f = stock[name], fork[name]
         rows.append((name, f"{s['ms_per_token']:.4f}",
                      *([f"{rebuilt[name]['ms_per_token']:.4f}"] if rebuilt else []),
@@ -202,13 +205,17 @@ def main() -> int:
                         help="worker processes per build, taking turns (default 3)")
     parser.add_argument("--rebuilt", action="store_true",
                         help="also measure stock 0.2.8 compiled here (built once, then cached)")
+    parser.add_argument("--case", action="append", choices=list(CASES), dest="cases",
+                        help=f"measure only this case (repeatable; {BASELINE!r}, the targets' "
+                             "reference, is always measured)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if min(args.tokens, args.rounds, args.trials) < 1:
         parser.error("--tokens, --rounds and --trials must be at least 1")
+    cases = [name for name in CASES if name == BASELINE or name in (args.cases or CASES)]
     if args.worker:
-        worker(args.tokens, args.rounds)
+        worker(args.tokens, args.rounds, cases)
         return 0
 
     sys.path.insert(0, str(REPO_ROOT))
@@ -216,7 +223,7 @@ def main() -> int:
 
     envs = xgrammar_envs(log=lambda m: print(m, file=sys.stderr, flush=True),
                          rebuilt=args.rebuilt)
-    builds = run_trials(envs, args.tokens, args.rounds, args.trials)
+    builds = run_trials(envs, args.tokens, args.rounds, args.trials, cases)
     checks = check_targets(builds["stock"], builds["fork"])
     print(table(builds))
     print()
