@@ -113,27 +113,30 @@ def _flush_kernel(side_ptr, src_ptr, dst_ptr, cache_u8, cache_f16,
     which = tl.program_id(2)
     src = tl.load(src_ptr + t).to(tl.int64)
     dst = tl.load(dst_ptr + t).to(tl.int64)
-    tile = side_ptr + src * (2 * H * G * D) + which * (H * G * D) + h * (G * D)
-    rec = (dst * H + h) * REC
-    if which == 0:
-        _encode_half(tile, cache_u8 + rec, cache_f16 + rec // 2, D, D, G, True, KB, ITERS,
-                     K_CODES, K_COL, K_ZERO, K_ROW)
-    else:
-        _encode_half(tile, cache_u8 + rec, cache_f16 + rec // 2, D, G, D, False, VB, ITERS,
-                     V_CODES, V_ROW, V_ZERO, V_COL)
+    if dst >= 0:
+        tile = side_ptr + src * (2 * H * G * D) + which * (H * G * D) + h * (G * D)
+        rec = (dst * H + h) * REC
+        if which == 0:
+            _encode_half(tile, cache_u8 + rec, cache_f16 + rec // 2, D, D, G, True, KB,
+                         ITERS, K_CODES, K_COL, K_ZERO, K_ROW)
+        else:
+            _encode_half(tile, cache_u8 + rec, cache_f16 + rec // 2, D, G, D, False, VB,
+                         ITERS, V_CODES, V_ROW, V_ZERO, V_COL)
 
 
 def flush(kv: PagedKV, src_side_blocks: torch.Tensor, dst_blocks: torch.Tensor,
           debug: bool = False, iters: int = ref.NORM_ITERS) -> None:
     """Quantize side blocks src_side_blocks[i] into cache block dst_blocks[i], all heads.
 
-    debug=True checks every id on the host first (syncs; not for CUDA graphs).
+    A negative dst_blocks[i] skips entry i, so a fixed-size table (filled on the device
+    each step) replays in a CUDA graph. debug=True checks every id on the host first
+    (syncs; not for CUDA graphs).
     """
     if src_side_blocks.shape != dst_blocks.shape or src_side_blocks.dim() != 1:
         raise ValueError("src_side_blocks and dst_blocks must be 1-D and of equal length")
     if debug:
         kv.check_ids(src_side_blocks, kv.side.shape[0], "side block")
-        kv.check_ids(dst_blocks, kv.cache.shape[0], "cache block")
+        kv.check_ids(dst_blocks[dst_blocks >= 0], kv.cache.shape[0], "cache block")
     n = src_side_blocks.shape[0]
     if n == 0:
         return

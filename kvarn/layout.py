@@ -19,9 +19,10 @@ Per request b the kernels read:
 * ``side_table[b, 0]``: the sink's side block; ``side_table[b, 1 + j]``: logical block
   F + 1 + j of the tail.
 
-A block i >= 1 may be flushed once (i + 1) * G <= seq_len - query_len, i.e. every
-token of it is committed. The flush writes ``cache[block_table[b, i]]`` from the side
-block, after which the caller moves the tail columns of ``side_table`` down by one.
+A block is flushed (written as a record from its side block) at the end of every step
+after which it is full, block 0 too; it is read as a record (counted in F) only once
+every token of it is committed, so speculative rows are never read back quantized
+(``sidepool`` keeps this bookkeeping).
 """
 from __future__ import annotations
 
@@ -80,9 +81,11 @@ class PagedKV:
             L, F = int(seq_lens[b]), int(num_flushed[b])
             if L < query_len:
                 raise ValueError(f"request {b}: seq_len {L} < query_len {query_len}")
-            if F < 0 or (F > 0 and (F + 1) * g > L - query_len):
-                raise ValueError(f"request {b}: {F} flushed blocks need {(F + 1) * g} "
-                                 f"committed tokens, only {L - query_len} are")
+            # Records may hold query positions too: a prefix hit's last token is
+            # recomputed into a block that is already a record.
+            if F < 0 or (F > 0 and (F + 1) * g > L):
+                raise ValueError(f"request {b}: {F} flushed blocks cover {(F + 1) * g} "
+                                 f"positions, the row has only {L}")
             if F >= block_table.shape[1]:
                 raise IndexError(f"request {b}: {F} flushed blocks exceed block table "
                                  f"width {block_table.shape[1]}")

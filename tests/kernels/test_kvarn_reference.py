@@ -150,8 +150,8 @@ def test_reference_catches_bad_tables():
     bt[0, 2] = st.kv.cache.shape[0]
     with pytest.raises(IndexError, match="block table entry"):
         ref.paged_attention(q, st.kv, bt, *args[2:])
-    nf = st.num_flushed + 1  # would freeze uncommitted tokens
-    with pytest.raises(ValueError, match="committed"):
+    nf = st.num_flushed + 1  # a record past the row's last position
+    with pytest.raises(ValueError, match="flushed blocks cover"):
         ref.paged_attention(q, *args[:4], nf)
     with pytest.raises(IndexError, match="side block"):
         ref.flush(st.kv, torch.tensor([-1]), torch.tensor([0]))
