@@ -1,5 +1,6 @@
-"""Triton dequantize-to-fp16 of whole records: for chunked-prefill continuation, and to
-restore a prefix-hit sink whose fp16 rows were evicted from the side pool.
+"""Triton dequantize-to-fp16 of whole records: the context of a prefill chunk
+(``materialize_rows``), and a prefix-hit sink whose fp16 rows were evicted from the
+side pool (``restore_sinks``).
 
 Writes rotated-frame K and V into fp16 scratch blocks laid out as vLLM's NHD paged
 cache ([N, G, H, D]), so a prefill attention can read them through a scratch block
@@ -121,3 +122,56 @@ def dequantize_blocks(kv: PagedKV, block_ids: torch.Tensor, debug: bool = False
     if debug and int(err.item()):
         raise IndexError(f"a block id is outside the cache [0, {kv.cache.shape[0]})")
     return k, v
+
+
+@triton.jit
+def _materialize_kernel(first_row, bt_ptr, bt_stride, st_ptr, st_stride, nf_ptr, seq_ptr,
+                        off_ptr, cache_u8, cache_f16, side_ptr, k_ptr, v_ptr,
+                        H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, KB: tl.constexpr,
+                        VB: tl.constexpr, REC: tl.constexpr, K_COL: tl.constexpr,
+                        K_ZERO: tl.constexpr, K_ROW: tl.constexpr, V_CODES: tl.constexpr,
+                        V_COL: tl.constexpr, V_ROW: tl.constexpr, V_ZERO: tl.constexpr):
+    row = first_row + tl.program_id(0)
+    j = tl.program_id(1)
+    h = tl.program_id(2)
+    if j * G < tl.load(seq_ptr + row):
+        f = tl.load(nf_ptr + row)
+        dd = tl.arange(0, D)
+        tt = tl.arange(0, G)
+        out = ((tl.load(off_ptr + row) + j).to(tl.int64) * G * H + h) * D  # + t * H * D
+        if (j == 0) | (j > f):
+            sid = tl.load(st_ptr + row.to(tl.int64) * st_stride + tl.where(j == 0, 0, j - f))
+            base = side_ptr + sid.to(tl.int64) * (2 * H * G * D) + h * (G * D)
+            rows = tt[:, None] * D + dd[None, :]
+            tl.store(k_ptr + out + tt[:, None] * (H * D) + dd[None, :], tl.load(base + rows))
+            tl.store(v_ptr + out + tt[:, None] * (H * D) + dd[None, :],
+                     tl.load(base + H * G * D + rows))
+        else:
+            blk = tl.load(bt_ptr + row.to(tl.int64) * bt_stride + j)
+            k, v = _decode_record(cache_u8, cache_f16, (blk.to(tl.int64) * H + h) * REC, G, D,
+                                  KB, VB, K_COL, K_ZERO, K_ROW, V_CODES, V_COL, V_ROW, V_ZERO)
+            tl.store(k_ptr + out + tt[None, :] * (H * D) + dd[:, None], k.to(tl.float16))
+            tl.store(v_ptr + out + tt[:, None] * (H * D) + dd[None, :], v.to(tl.float16))
+
+
+def materialize_rows(kv: PagedKV, first_row: int, num_rows: int, max_blocks: int,
+                     block_table: torch.Tensor, side_table: torch.Tensor,
+                     num_flushed: torch.Tensor, seq_lens: torch.Tensor,
+                     scratch_offset: torch.Tensor, k_out: torch.Tensor,
+                     v_out: torch.Tensor) -> None:
+    """Every position of rows first_row .. first_row + num_rows - 1, in the rotated frame,
+    into fp16 scratch blocks [N, G, H, D] (vLLM's paged NHD layout): logical block j of
+    row b lands in scratch block scratch_offset[b] + j. The sink and the tail come from
+    the side pool, blocks 1..F are dequantized from their records (the same view the
+    decode kernel reads), so a prefill chunk attends over its context and itself."""
+    p = kv.preset
+    if num_rows == 0:
+        return
+    lay = p.layout(kv.head_dim)
+    _materialize_kernel[(num_rows, max_blocks, kv.num_kv_heads)](
+        first_row, block_table, block_table.stride(0), side_table, side_table.stride(0),
+        num_flushed, seq_lens, scratch_offset, kv.cache, kv.cache.view(torch.float16),
+        kv.side, k_out, v_out, H=kv.num_kv_heads, G=p.group, D=kv.head_dim,
+        KB=p.key_bits, VB=p.value_bits, REC=lay.total, K_COL=lay.k_col_scale,
+        K_ZERO=lay.k_zero, K_ROW=lay.k_row_scale, V_CODES=lay.v_codes,
+        V_COL=lay.v_col_scale, V_ROW=lay.v_row_scale, V_ZERO=lay.v_zero, num_warps=8)

@@ -108,3 +108,29 @@ def test_flush_skips_negative_targets():
     want = ref.encode_tiles(kv.side[1:2, 0].cpu().float(), kv.side[1:2, 1].cpu().float(), p)
     assert torch.equal(kv.cache[3].cpu(), want[0])
     assert (kv.cache[:3] == 7).all()
+
+
+def test_materialize_rows_matches_the_reference_view():
+    from kvarn.dequant import materialize_rows
+    from kvarn_cases import make_state
+
+    p = Preset.parse("kvarn_k4v2_g64")
+    d, h, g = 64, 2, 64
+    lens = [300, 64, 1, 129, 200]
+    st = make_state(p, d, h, lens, query_len=5, seed=4)
+    nblk = [-(-L // g) for L in lens]
+    off = torch.tensor([0] + nblk[:-1]).cumsum(0).to(torch.int32).to(DEVICE)
+    k = torch.full((sum(nblk) + 1, g, h, d), float("nan"), dtype=torch.float16, device=DEVICE)
+    v = k.clone()
+    first = 1  # a pack that starts mid-batch
+    materialize_rows(st.kv, first, len(lens) - first, max(nblk), st.block_table,
+                     st.side_table, st.num_flushed, st.seq_lens, off, k, v)
+    for b in range(first, len(lens)):
+        want_k, want_v = ref.gather_request(st.kv, b, st.block_table, st.side_table,
+                                            lens[b], int(st.num_flushed[b]))
+        o = int(off[b])
+        got_k = k[o:o + nblk[b]].reshape(-1, h, d)[: lens[b]].float().cpu()
+        got_v = v[o:o + nblk[b]].reshape(-1, h, d)[: lens[b]].float().cpu()
+        assert torch.allclose(got_k, want_k.cpu(), atol=2e-3, rtol=2e-3)
+        assert torch.allclose(got_v, want_v.cpu(), atol=2e-3, rtol=2e-3)
+    assert torch.isnan(k[: int(off[first])]).all(), "rows outside the pack are untouched"
