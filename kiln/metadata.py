@@ -27,6 +27,15 @@ def upstream_dist_info(names: list[str]) -> str:
     return found[0]
 
 
+# vLLM runs every vllm.general_plugins entry point in each of its processes.
+FORK_ENTRY_POINTS = "[vllm.general_plugins]\nkiln_fork = vllm.fork.plugin:register\n"
+
+
+def fork_entry_points(upstream_entry_points: str) -> str:
+    """Upstream's entry points plus the fork's plugin group."""
+    return upstream_entry_points.rstrip("\n") + "\n\n" + FORK_ENTRY_POINTS
+
+
 def fork_metadata(upstream_metadata: str, version: str, pins: PinChanges) -> str:
     """Upstream's METADATA with the fork version and the fork's pin changes."""
     text = re.sub(r"^Version: .*$", f"Version: {version}", upstream_metadata, count=1, flags=re.M)
@@ -43,6 +52,8 @@ def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges) -
             data = upstream.read(info.filename)
             if rel == "METADATA":
                 data = fork_metadata(data.decode(), version, pins).encode()
+            elif rel == "entry_points.txt":
+                data = fork_entry_points(data.decode()).encode()
             files[rel] = (info.external_attr, data)
     return files
 

@@ -10,7 +10,9 @@ so two builds of one commit are byte-identical.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -110,6 +112,14 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + digest.decode()
 
 
+def record_csv(rows: list[tuple[str, str, str]]) -> bytes:
+    """RECORD as CSV (PEP 376): paths that hold a comma are quoted, as installers parse
+    them with the csv module."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue().encode()
+
+
 def version_module(version: str, commit: str) -> bytes:
     return (
         "# Written by kiln build: the fork's version, in the shape upstream's\n"
@@ -196,7 +206,7 @@ def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, log=print) -> WheelBui
         dist_info = dist_info_files(source, version, pins)
 
         tmp = target.with_name(f".{wheel_name}.tmp")
-        record: list[str] = []
+        record: list[tuple[str, str, str]] = []
         try:
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as out:
                 def write(name: str, attr: int, data: bytes) -> None:
@@ -204,14 +214,14 @@ def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, log=print) -> WheelBui
                     info.external_attr, info.create_system = attr, 3
                     info.compress_type = zipfile.ZIP_DEFLATED
                     out.writestr(info, data, compresslevel=COMPRESS_LEVEL)
-                    record.append(f"{name},{record_hash(data)},{len(data)}")
+                    record.append((name, record_hash(data), str(len(data))))
 
                 for name, attr, data in _entries(source, replaced, added, old_dist):
                     write(name, attr, data)
                 for rel, (attr, data) in sorted(dist_info.items()):
                     write(f"{new_dist}/{rel}", attr or FILE_MODE, data)
-                lines = [*record, f"{new_dist}/RECORD,,"]
-                write(f"{new_dist}/RECORD", FILE_MODE, ("\n".join(lines) + "\n").encode())
+                write(f"{new_dist}/RECORD", FILE_MODE,
+                      record_csv([*record, (f"{new_dist}/RECORD", "", "")]))
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)

@@ -1,7 +1,9 @@
 """The fork wheel against the pristine upstream wheel, entry by entry."""
 
 import base64
+import csv
 import hashlib
+import io
 import json
 import re
 import subprocess
@@ -24,7 +26,9 @@ def test_the_wheel_name_keeps_upstreams_tags_with_the_fork_version(fork_wheel, p
 def test_every_record_entry_has_the_right_hash_and_size(fork_zip):
     names = [i.filename for i in fork_zip.infolist() if not i.is_dir()]
     record_name = f"{_dist_info(names)}/RECORD"
-    rows = [line.rsplit(",", 2) for line in fork_zip.read(record_name).decode().splitlines()]
+    rows = list(csv.reader(io.StringIO(fork_zip.read(record_name).decode())))
+    assert all(len(row) == 3 for row in rows)
+    assert any("," in path for path, _, _ in rows), "upstream has paths with commas"
     listed = {path for path, _, _ in rows}
     assert listed == set(names) and len(rows) == len(names)
     for path, digest, size in rows:
@@ -82,3 +86,10 @@ def test_tracked_overlay_and_kvarn_files_are_inside_the_package(fork_zip):
     for rel in tracked:
         inside = rel if rel.startswith("vllm/") else "vllm/" + rel
         assert fork_zip.read(inside) == (REPO_ROOT / rel).read_bytes(), rel
+
+
+def test_entry_points_are_upstreams_plus_the_fork_plugin(fork_zip, upstream_zip):
+    fork = fork_zip.read(f"{_dist_info(fork_zip.namelist())}/entry_points.txt").decode()
+    upstream = upstream_zip.read(f"{_dist_info(upstream_zip.namelist())}/entry_points.txt")
+    assert fork.startswith(upstream.decode().rstrip("\n"))
+    assert fork.endswith("[vllm.general_plugins]\nkiln_fork = vllm.fork.plugin:register\n")
