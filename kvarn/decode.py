@@ -123,8 +123,8 @@ def _fp16_v_part(acc, alpha, p16, vbase, tt, U: tl.constexpr, VPER: tl.constexpr
 
 @triton.jit
 def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, nf_ptr,
-                 o_ptr, lse_ptr, err_ptr, bt_stride, st_stride, n_cache, n_side, qk_scale,
-                 SPLITS, H: tl.constexpr, HQ: tl.constexpr, Q: tl.constexpr, HPG: tl.constexpr,
+                 o_ptr, lse_ptr, err_ptr, bt_stride, st_stride, st_width, n_cache, n_side,
+                 qk_scale, SPLITS, H: tl.constexpr, HQ: tl.constexpr, Q: tl.constexpr, HPG: tl.constexpr,
                  G: tl.constexpr, D: tl.constexpr, VB: tl.constexpr, REC: tl.constexpr,
                  K_COL: tl.constexpr, K_ZERO: tl.constexpr, K_ROW: tl.constexpr,
                  V_CODES: tl.constexpr, V_COL: tl.constexpr, V_ROW: tl.constexpr,
@@ -231,7 +231,8 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     # fp16 rows from the side pool: sink (logical block 0) then the tail (F+1, ...).
     if s == 0:
         q = qf.to(tl.float16)
-        n_fp = tl.cdiv(L, G) - F
+        # Bounded by the table, so a dummy run's arbitrary lengths read only its zeros.
+        n_fp = tl.minimum(tl.cdiv(L, G) - F, st_width)
         for j in range(0, n_fp):
             logical = tl.where(j == 0, 0, F + j)
             sid = tl.load(st_ptr + b * st_stride + j)
@@ -338,7 +339,8 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     _attn_kernel[(bsz, h, splits)](
         q_rot.contiguous(), kv.cache, kv.cache.view(torch.float16), kv.side,
         block_table, side_table, seq_lens, num_flushed, o, lse, err,
-        block_table.stride(0), side_table.stride(0), kv.cache.shape[0], kv.side.shape[0],
+        block_table.stride(0), side_table.stride(0), side_table.shape[1],
+        kv.cache.shape[0], kv.side.shape[0],
         scale, splits, H=h, HQ=hq, Q=nq, HPG=hpg, G=g, D=d, VB=kv.preset.value_bits, REC=lay.total,
         K_COL=lay.k_col_scale, K_ZERO=lay.k_zero, K_ROW=lay.k_row_scale,
         V_CODES=lay.v_codes, V_COL=lay.v_col_scale, V_ROW=lay.v_row_scale, V_ZERO=lay.v_zero,

@@ -1,16 +1,19 @@
 """The KVARN attention backend: vLLM's side of the KVarN cache (vllm.kvarn holds the
-format, the reference and the Triton kernels).
+format, the host bookkeeping, the reference and the Triton kernels).
 
 Per attention layer the paged pool is uint8 [blocks, KV heads, G, tile_bytes / G] in
 layout LBHNC, so one (block, KV head) is one contiguous tile record; the fp16 side pool
-(rotated rows not yet quantized: every request's sink block 0 and its tail) and the
+(rotated rows not yet final: every request's sink block 0 and its tail) and the
 prefill scratch come from the workspace manager during the profiling run, so the
 memory profile charges them before the KV pool is sized.
 
-Per step the metadata builder decides, on the host, which committed full blocks to
-flush and where each new row is staged; forward then flushes, stages, and attends:
-fused decode / speculative verify over records + side rows, and for prefill chunks
-causal attention over the raw chunk plus the dequantized context.
+Per real step the builder plans on the host (``kvarn.sidepool``, driven by the runner's
+lifecycle through ``kvarn_lifecycle``) and uploads the plan into persistent device
+tables in one copy; two small kernels finish it from the device's exact lengths. The
+forward then restores evicted hit sinks, stages the new rows, attends (fused decode /
+speculative verify over records + side rows; prefill packs over a dequantized fp16
+scratch with upstream's paged Triton attention) and flushes every block that is full.
+Nothing waits for the device, and a captured CUDA graph reads each step's tables.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vllm.config import get_current_vllm_config_or_none
+from vllm.fork import kvarn_lifecycle
 from vllm.fork.kvarn_config import side_pool_plan
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
+from vllm.fork.plugin import KVARN_BACKEND
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
+from vllm.kvarn.sidepool import SidePool, cdiv
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -37,7 +42,6 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 from vllm.v1.worker.workspace import (
@@ -47,10 +51,12 @@ from vllm.v1.worker.workspace import (
 
 if TYPE_CHECKING:
     from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
 logger = init_logger(__name__)
 
+BACKEND_NAME, BACKEND_PATH = KVARN_BACKEND
 # Sm80+ (Ampere: the 3090/4090-class cards the fork serves on, and datacenter cards).
 MIN_CAPABILITY = 80
 
@@ -75,7 +81,7 @@ class KVarNAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_name() -> str:
-        return "KVARN"
+        return BACKEND_NAME
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
@@ -140,172 +146,246 @@ def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
     """The platform hook: a kvarn cache dtype always means the KVARN backend."""
     if not is_kvarn_dtype(selector.kv_cache_dtype):
         return None
-    if selected_backend not in (None, AttentionBackendEnum.KVARN):
+    if selected_backend is not None and selected_backend.name != BACKEND_NAME:
         raise ValueError(
             f"--attention-backend {selected_backend.name} cannot read "
-            f"--kv-cache-dtype {selector.kv_cache_dtype}; allowed: KVARN (or leave it unset)")
+            f"--kv-cache-dtype {selector.kv_cache_dtype}; allowed: {BACKEND_NAME} (or "
+            "leave it unset)")
     reasons = KVarNAttentionBackend.validate_configuration(
         device_capability=capability, **selector._asdict())
     if reasons:
         raise ValueError(f"--kv-cache-dtype {selector.kv_cache_dtype}: the KVARN backend "
                          f"cannot serve this layer ({selector!r}): {', '.join(reasons)}")
     logger.info_once("Using KVARN attention backend for %s.", selector.kv_cache_dtype)
-    return AttentionBackendEnum.KVARN.get_path()
+    return BACKEND_PATH
 
 
 @dataclass
 class KVarNMetadata(AttentionMetadata):
-    seq_lens: torch.Tensor  # int32 [B], including this step's query tokens
+    """Device tensors are views of the builder's persistent buffers or the runner's
+    own; ints are fixed for a captured graph's shape."""
+
+    seq_lens: torch.Tensor  # int32 [B], this step's query tokens included
     query_start_loc: torch.Tensor  # int32 [B + 1]
     block_table: torch.Tensor  # int32 [B, max blocks]
-    num_flushed: torch.Tensor  # int32 [B]: logical blocks 1..F are records
-    side_table: torch.Tensor  # int32 [B, 1 + max tail]: sink, then the tail
-    stage_slots: torch.Tensor  # int64 [T]: side block * G + row of each new row
-    flush_src: torch.Tensor  # int64 [N]: side blocks whose tokens are all committed
-    flush_dst: torch.Tensor  # int64 [N]: their cache blocks
+    side_table: torch.Tensor  # int32 [R, W]: sink, then the tail from F + 1
+    num_flushed: torch.Tensor  # int32 [R]: F, logical blocks 1..F are records
+    scratch_offset: torch.Tensor  # int32 [R]: a prefill row's first scratch block
+    stage_slots: torch.Tensor  # int64 [T]: side slot of each new row, -1 = none
+    restore_dst: torch.Tensor  # int32 [restore_grid]: side block to fill, -1 = none
+    restore_row: torch.Tensor  # int32 [restore_grid]
+    flush_src: torch.Tensor  # int32 [flush_grid]: side block of a flush candidate
+    flush_dst: torch.Tensor  # int64 [flush_grid]: its cache block, -1 = skip
     num_decodes: int
     num_decode_tokens: int
     decode_query_len: int
-    query_start_loc_cpu: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    num_flushed_cpu: np.ndarray
-    side_table_cpu: np.ndarray
+    prefill_packs: tuple[tuple[int, int, int, int, int], ...]  # first, end, blocks, max q, max L
+    query_start_loc_cpu: np.ndarray
+    restore_grid: int  # entries of the restore and flush tables a launch covers
+    flush_grid: int
 
 
-class SideBlockMap:
-    """Which side block holds each cache block's fp16 rows, shared by all layers of a
-    KV group (their side pools are indexed alike).
+class _Tables:
+    """The builder's persistent device tables, one int32 allocation uploaded from a
+    host mirror in a single copy per step (through upstream's round-robin pinned
+    buffers, so the host never waits), plus the int64 tables the device fills."""
 
-    Keyed by cache block id, not by request: a prefix-cache hit on a sink finds the
-    sink's rows, since equal block ids hold equal tokens. A sink stays until its block
-    id shows up at another logical position (the page was recycled); sinks not in the
-    current batch are evicted oldest first when the pool runs out.
-    """
+    def __init__(self, rows: int, width: int, num_flush: int, tokens: int,
+                 device: torch.device) -> None:
+        from vllm.v1.worker.gpu.buffer_utils import UvaBufferPool
 
-    def __init__(self, num_side_blocks: int) -> None:
-        self.num_side_blocks = num_side_blocks
-        self.side_of: dict[int, int] = {}
-        self.is_sink: dict[int, bool] = {}
-        self.free = list(range(num_side_blocks - 1, -1, -1))
-        self.released: list[int] = []  # freed by this step's flush: reusable next step
+        sizes = {"side_table": rows * width, "num_flushed": rows, "tail_start": rows,
+                 "hit_end": rows, "scratch_offset": rows, "restore_dst": rows,
+                 "restore_row": rows, "flush_src": num_flush, "flush_row": num_flush,
+                 "flush_logical": num_flush}
+        self.rows, self.width, self.num_flush = rows, width, num_flush
+        total = sum(sizes.values())
+        self.host = np.zeros(total, np.int32)
+        self.device = torch.zeros(total, dtype=torch.int32, device=device)
+        self._upload = UvaBufferPool(total, torch.int32)
+        self.host_views: dict[str, np.ndarray] = {}
+        self.device_views: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, size in sizes.items():
+            self.host_views[name] = self.host[offset:offset + size]
+            self.device_views[name] = self.device[offset:offset + size]
+            offset += size
+        self.host_views["side_table"].shape = (rows, width)
+        self.device_views["side_table"] = self.device_views["side_table"].view(rows, width)
+        self.stage_slots = torch.full((tokens,), -1, dtype=torch.int64, device=device)
+        self.flush_dst = torch.full((num_flush,), -1, dtype=torch.int64, device=device)
 
-    def begin_step(self) -> None:
-        self.free.extend(self.released)
-        self.released.clear()
+    def reset_host(self) -> None:
+        self.host.fill(0)
+        self.host_views["tail_start"].fill(1)
+        self.host_views["restore_dst"].fill(-1)
 
-    def lookup(self, cache_block: int, sink: bool, fresh: bool, live: set[int]) -> int:
-        """The side block of cache_block; fresh: its rows are all written this step."""
-        side = self.side_of.get(cache_block)
-        if side is not None and self.is_sink[cache_block] != sink:
-            self._drop(cache_block)  # recycled page: its old rows are someone else's
-            side = None
-        if side is None:
-            if not fresh:
-                raise RuntimeError(
-                    f"KVarN: the fp16 rows of cache block {cache_block} "
-                    f"({'sink' if sink else 'tail'}) are gone; a prefix-cache hit on an "
-                    "evicted sink cannot be served")
-            side = self._allocate(live)
-            self.side_of[cache_block] = side
-            self.is_sink[cache_block] = sink
-        return side
-
-    def flushed(self, cache_block: int) -> int:
-        side = self.side_of.pop(cache_block)
-        del self.is_sink[cache_block]
-        self.released.append(side)
-        return side
-
-    def _drop(self, cache_block: int) -> None:
-        self.free.append(self.side_of.pop(cache_block))
-        del self.is_sink[cache_block]
-
-    def _allocate(self, live: set[int]) -> int:
-        if not self.free:
-            for block, sink in list(self.is_sink.items()):  # dicts keep insertion order
-                if sink and block not in live:
-                    self._drop(block)
-                    break
-        if not self.free:
-            raise RuntimeError(f"KVarN: all {self.num_side_blocks} side blocks are in "
-                               "use by the running batch; lower --max-num-seqs")
-        return self.free.pop()
+    def upload(self) -> None:
+        self._upload.copy_to_gpu(self.host, out=self.device)
 
 
 class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
-    # Speculative verify is one fused launch; prefill chunks run eagerly.
+    # Decode and speculative verify are one fused launch; prefill packs run eagerly.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if not vllm_config.use_v2_model_runner:
+            raise ValueError(
+                "KVarN cache dtypes run on Model Runner V2 only, whose request lifecycle "
+                "drives the side pool; this configuration uses the V1 runner (unset "
+                "VLLM_USE_V2_MODEL_RUNNER=0, or drop the feature V2 lacks that the log "
+                "names)")
         self.preset = _spec_preset(kv_cache_spec)
+        g = self.preset.group
         spec_config = vllm_config.speculative_config
-        num_spec = spec_config.num_speculative_tokens if spec_config else 0
-        self._init_reorder_batch_threshold(1 + num_spec, supports_spec_as_decode=True)
+        self.num_spec = (spec_config.num_speculative_tokens or 0) if spec_config else 0
+        self._init_reorder_batch_threshold(1 + self.num_spec, supports_spec_as_decode=True)
         plan = side_pool_plan(vllm_config, self.preset, kv_cache_spec.num_kv_heads,
                               kv_cache_spec.head_size)
-        self.side_map = SideBlockMap(plan.num_blocks)
+        self.slack = plan.slack
+        self.pool = SidePool(plan.num_blocks, g)
+        kvarn_lifecycle.register(self.pool, layer_names, kv_cache_spec.block_size)
+        sched = vllm_config.scheduler_config
+        tokens = sched.max_num_batched_tokens
+        rows = sched.max_num_seqs
+        # Tail columns: a chunk's blocks, one straddled block, the host's slack.
+        width = 2 + cdiv(tokens + self.slack, g)
+        num_flush = rows * 2 + cdiv(tokens + rows * self.slack, g)
+        self.tables = _Tables(rows, width, num_flush, tokens, device)
+        self.scratch_blocks = scratch_blocks(vllm_config, self.preset)
+        self._last_step = -1
+        logger.info_once(
+            "KVarN %s: side pool of %d blocks per layer (%.1f MiB per layer; needs %d "
+            "for %d seats, %d tokens per step, %d speculative tokens), prefill scratch "
+            "of %d blocks", self.preset.name, plan.num_blocks,
+            plan.bytes_per_layer / 2**20, plan.required, plan.seats, tokens,
+            plan.spec_tokens, self.scratch_blocks)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
         cam = common_attn_metadata
-        g = self.preset.group
+        step = kvarn_lifecycle.current_step()
+        if step == self._last_step or cam.req_idx is None:
+            # Not a step the runner announced: warm-up or another dummy run.
+            return self._inert(cam)
+        self._last_step = step
+        t = self.tables
         num_reqs = cam.num_reqs
+        if num_reqs > t.rows:
+            raise RuntimeError(f"KVarN: {num_reqs} rows exceed the {t.rows} planned seats")
         qsl = cam.query_start_loc_cpu[: num_reqs + 1].numpy()
-        seq_lens = cam.seq_lens_cpu_upper_bound[:num_reqs].numpy()
-        cols = int(-(-int(seq_lens.max(initial=0)) // g))
-        # Host copy of the live columns; the v2 runner can hand these over without a sync.
-        table = cam.block_table_tensor[:num_reqs, :cols].cpu().numpy()
-        self.side_map.begin_step()
-        live = {int(b) for b in table.reshape(-1)}
-        num_flushed = np.zeros(num_reqs, np.int32)
-        side_rows: list[list[int]] = []
-        stage = np.full(cam.num_actual_tokens, -1, np.int64)
-        flush_src: list[int] = []
-        flush_dst: list[int] = []
-        for b in range(num_reqs):
-            q = int(qsl[b + 1] - qsl[b])
-            total = int(seq_lens[b])
-            committed = total - q
-            f = max(0, committed // g - 1)
-            num_flushed[b] = f
-            for i in range(1, f + 1):
-                block = int(table[b, i])
-                if block in self.side_map.side_of and not self.side_map.is_sink[block]:
-                    flush_src.append(self.side_map.flushed(block))
-                    flush_dst.append(block)
-            logical = [0, *range(f + 1, -(-total // g))]
-            row = []
-            for i in logical:
-                fresh = i * g >= committed  # every row of the block is new this step
-                row.append(self.side_map.lookup(int(table[b, i]), i == 0, fresh, live))
-            side_rows.append(row)
-            side_of_logical = dict(zip(logical, row))
-            pos = np.arange(committed, total)
-            stage[qsl[b]: qsl[b + 1]] = (
-                np.array([side_of_logical[int(p) // g] for p in pos], np.int64) * g
-                + pos % g)
-        width = max((len(r) for r in side_rows), default=1)
-        side_table = np.zeros((num_reqs, width), np.int32)
-        for b, row in enumerate(side_rows):
-            side_table[b, : len(row)] = row
+        seq_up = cam.seq_lens_cpu_upper_bound[:num_reqs].numpy()
         num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
             cam, decode_threshold=self.reorder_batch_threshold, require_uniform=True)
-        device = cam.seq_lens.device
+        t.reset_host()
+        h = t.host_views
+        self.pool.begin_step()
+        num_flush = 0
+        scratch_used = 0
+        packs: list[tuple[int, int, int, int, int]] = []
+        pack_first, pack_blocks, pack_q, pack_len = num_decodes, 0, 0, 0
+        g = self.preset.group
+        for b in range(num_reqs):
+            q = int(qsl[b + 1] - qsl[b])
+            if q == 0:
+                continue  # a padding row of a full CUDA graph
+            length = int(seq_up[b])
+            # A short row may be a prefill chunk, not a verify; treating it as one only
+            # keeps its blocks a step longer.
+            spec = bool(self.num_spec) and q <= 1 + self.num_spec
+            plan = self.pool.plan_row(int(cam.req_idx[b]), length, q, self.slack, spec)
+            sides = plan.side_blocks
+            if len(sides) > t.width:
+                raise RuntimeError(f"KVarN: row {b} needs {len(sides)} side table columns, "
+                                   f"the table has {t.width}")
+            h["side_table"][b, : len(sides)] = sides
+            h["tail_start"][b] = plan.tail_start
+            h["num_flushed"][b] = plan.tail_start - 1
+            h["hit_end"][b] = plan.hit_end
+            if plan.restore is not None:
+                h["restore_dst"][b] = plan.restore
+                h["restore_row"][b] = b
+            n = len(plan.flush)
+            if num_flush + n > t.num_flush:
+                raise RuntimeError(f"KVarN: {num_flush + n} flush candidates exceed the "
+                                   f"table's {t.num_flush}")
+            for j, (side, logical) in enumerate(plan.flush, num_flush):
+                h["flush_src"][j], h["flush_row"][j], h["flush_logical"][j] = side, b, logical
+            num_flush += n
+            if b >= num_decodes:
+                blocks = cdiv(length, g)
+                if scratch_used + blocks > self.scratch_blocks:
+                    packs.append((pack_first, b, pack_blocks, pack_q, pack_len))
+                    pack_first, pack_blocks, pack_q, pack_len, scratch_used = b, 0, 0, 0, 0
+                h["scratch_offset"][b] = scratch_used
+                scratch_used += blocks
+                pack_blocks, pack_q, pack_len = (max(pack_blocks, blocks), max(pack_q, q),
+                                                 max(pack_len, length))
+        if num_reqs > num_decodes:
+            packs.append((pack_first, num_reqs, pack_blocks, pack_q, pack_len))
+        t.upload()
+        self._finish_plan(cam, num_reqs, num_flush)
+        return self._metadata(cam, num_decodes, num_decode_tokens, tuple(packs),
+                              restore_grid=num_reqs, flush_grid=num_flush)
 
-        def dev(a) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(a)).to(device, non_blocking=True)
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata
+                                    ) -> KVarNMetadata:
+        """Inert tables sized for the captured shape; each replayed step's build fills
+        the same buffers, within the grids fixed here."""
+        cam = common_attn_metadata
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
+            cam, decode_threshold=self.reorder_batch_threshold, require_uniform=True)
+        if num_decodes != cam.num_reqs:
+            raise RuntimeError("KVarN captures uniform decode batches only")
+        q = num_decode_tokens // max(num_decodes, 1)
+        # A decode row can fill at most the blocks its query and the slack reach.
+        per_row = 1 + cdiv(q + self.slack, self.preset.group)
+        return replace(self._inert(cam), restore_grid=cam.num_reqs,
+                       flush_grid=min(cam.num_reqs * per_row, self.tables.num_flush))
 
+    def _inert(self, cam: CommonAttentionMetadata) -> KVarNMetadata:
+        self.tables.reset_host()
+        self.tables.upload()
+        self._finish_plan(cam, 0, 0)
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
+            cam, decode_threshold=self.reorder_batch_threshold, require_uniform=True)
+        return self._metadata(cam, num_decodes, num_decode_tokens, (), 0, 0)
+
+    def _finish_plan(self, cam: CommonAttentionMetadata, num_rows: int,
+                     num_flush: int) -> None:
+        from vllm.kvarn.plan import flush_targets, stage_slots
+
+        t, d = self.tables, self.tables.device_views
+        if num_rows and cam.positions is None:
+            raise RuntimeError("KVarN needs the runner's token positions in the metadata")
+        stage_slots(cam.positions, cam.query_start_loc, num_rows, d["side_table"],
+                    d["tail_start"], d["hit_end"], self.preset.group, t.stage_slots)
+        flush_targets(d["flush_row"], d["flush_logical"], num_flush, cam.seq_lens,
+                      cam.query_start_loc, d["hit_end"], cam.block_table_tensor,
+                      self.preset.group, t.flush_dst)
+
+    def _metadata(self, cam: CommonAttentionMetadata, num_decodes: int,
+                  num_decode_tokens: int, packs, restore_grid: int,
+                  flush_grid: int) -> KVarNMetadata:
+        d = self.tables.device_views
         return KVarNMetadata(
-            seq_lens=cam.seq_lens[:num_reqs], query_start_loc=cam.query_start_loc,
-            block_table=cam.block_table_tensor[:num_reqs],
-            num_flushed=dev(num_flushed), side_table=dev(side_table),
-            stage_slots=dev(stage), flush_src=dev(np.array(flush_src, np.int64)),
-            flush_dst=dev(np.array(flush_dst, np.int64)),
-            num_decodes=num_decodes, num_decode_tokens=num_decode_tokens,
+            seq_lens=cam.seq_lens, query_start_loc=cam.query_start_loc,
+            block_table=cam.block_table_tensor, side_table=d["side_table"],
+            num_flushed=d["num_flushed"], scratch_offset=d["scratch_offset"],
+            stage_slots=self.tables.stage_slots, restore_dst=d["restore_dst"],
+            restore_row=d["restore_row"], flush_src=d["flush_src"],
+            flush_dst=self.tables.flush_dst, num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
             decode_query_len=num_decode_tokens // num_decodes if num_decodes else 0,
-            query_start_loc_cpu=cam.query_start_loc_cpu, seq_lens_cpu=torch.from_numpy(
-                seq_lens.copy()), num_flushed_cpu=num_flushed, side_table_cpu=side_table)
+            prefill_packs=packs,
+            query_start_loc_cpu=cam.query_start_loc_cpu[: cam.num_reqs + 1].numpy(),
+            restore_grid=restore_grid, flush_grid=flush_grid)
+
+
+def scratch_blocks(vllm_config, preset: Preset) -> int:
+    """Scratch blocks for one prefill pack: the longest row fits."""
+    return cdiv(vllm_config.model_config.max_model_len, preset.group)
 
 
 class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
@@ -331,8 +411,7 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         config = get_current_vllm_config_or_none()
         assert config is not None, "the KVARN impl is built inside the model's config"
         self.side_plan = side_pool_plan(config, self.preset, self.num_kv_heads, head_size)
-        self.max_model_len = config.model_config.max_model_len
-        self.debug = False
+        self.scratch_blocks = scratch_blocks(config, self.preset)
 
     def _pools(self, layer, kv_cache: torch.Tensor) -> tuple[PagedKV, torch.Tensor]:
         """The layer's paged view and its side pool; on the first call (the profiling
@@ -348,9 +427,9 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         return PagedKV(self.preset, self.head_size, cache, side), clamp
 
     def _prefill_scratch(self) -> list[torch.Tensor]:
-        """K and V of the longest context, fp16 [tokens, KV heads, D] each: shared by
-        all layers (one prefill at a time), reserved by the profiling run."""
-        shape = (self.max_model_len, self.num_kv_heads, self.head_size)
+        """fp16 K and V scratch [blocks, G, H, D] for one prefill pack, shared by all
+        layers (packs run one at a time) and reserved by the profiling run."""
+        shape = (self.scratch_blocks, self.preset.group, self.num_kv_heads, self.head_size)
         return current_workspace_manager().get_simultaneous(
             (shape, torch.float16), (shape, torch.float16))
 
@@ -364,71 +443,52 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if attn_metadata is None:  # profiling run: reserve, attend to nothing
             self._prefill_scratch()
             return output.fill_(0)
-        from vllm.kvarn import decode, flush, rotate
+        from vllm.kvarn import decode, rotate
+        from vllm.kvarn.dequant import restore_sinks
+        from vllm.kvarn.flush import flush
 
         md = attn_metadata
-        n = md.stage_slots.shape[0]
-        q = query[:n].view(n, self.num_heads, self.head_size)
-        out = output[:n].view(n, self.num_heads, self.head_size)
-        flush.flush(kv, md.flush_src, md.flush_dst, debug=self.debug)
-        rotate.rotate_and_stage(key[:n].view(n, self.num_kv_heads, self.head_size),
-                                value[:n].view(n, self.num_kv_heads, self.head_size),
-                                kv, md.stage_slots, clamp)
+        n = query.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_size
+        restore_sinks(kv, md.restore_dst[: md.restore_grid], md.restore_row[: md.restore_grid],
+                      md.block_table)
+        rotate.rotate_and_stage(key[:n].view(n, hkv, d), value[:n].view(n, hkv, d), kv,
+                                md.stage_slots[:n], clamp)
+        out = output[:n].view(n, hq, d)
         nd, ndt = md.num_decodes, md.num_decode_tokens
         if nd:
-            qd = q[:ndt].view(nd, md.decode_query_len, self.num_heads, self.head_size)
+            qd = query[:ndt].view(nd, md.decode_query_len, hq, d)
             res = decode.attend(qd, kv, md.block_table[:nd], md.side_table[:nd],
-                                md.seq_lens[:nd], md.num_flushed[:nd],
-                                sm_scale=self.scale, debug=self.debug)
-            out[:ndt] = res.reshape(ndt, self.num_heads, self.head_size).to(out.dtype)
-        for b in range(nd, md.seq_lens_cpu.shape[0]):
-            self._prefill_one(b, q, key, value, out, kv, md)
+                                md.seq_lens[:nd], md.num_flushed[:nd], sm_scale=self.scale)
+            out[:ndt] = res.reshape(ndt, hq, d).to(out.dtype)
+        for pack in md.prefill_packs:
+            self._prefill_pack(pack, query, out, kv, md)
+        flush(kv, md.flush_src[: md.flush_grid], md.flush_dst[: md.flush_grid])
         return output
 
-    def _prefill_one(self, b: int, q, key, value, out, kv: PagedKV,
-                     md: KVarNMetadata) -> None:
-        """Causal attention of one prefill chunk over its context and itself, in the
-        model frame. The first chunk attends over the raw rows; a continuation
-        dequantizes the records and reads the sink and tail rows from the side pool."""
-        from vllm.kvarn import dequant, rotate
+    def _prefill_pack(self, pack, query, out, kv: PagedKV, md: KVarNMetadata) -> None:
+        """Rows first..end-1 (prefill chunks, new rows already staged): their whole
+        context and themselves, rotated, into the scratch; then upstream's paged Triton
+        attention with the rotated query; the output is rotated back."""
+        from vllm.kvarn import rotate
+        from vllm.kvarn.dequant import materialize_rows
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
-        s, e = int(md.query_start_loc_cpu[b]), int(md.query_start_loc_cpu[b + 1])
-        total = int(md.seq_lens_cpu[b])
-        committed = total - (e - s)
-        k_new = key[s:e].view(-1, self.num_kv_heads, self.head_size)
-        v_new = value[s:e].view(-1, self.num_kv_heads, self.head_size)
-        if committed == 0:
-            k_all, v_all = k_new, v_new
-        else:
-            g, f = self.preset.group, int(md.num_flushed_cpu[b])
-            k_buf, v_buf = self._prefill_scratch()
-            sides = torch.as_tensor(md.side_table_cpu[b], device=kv.side.device)
-            sink = kv.side[sides[0]]  # [2, H, G, D], rotated frame
-            k_buf[:g], v_buf[:g] = sink[0].transpose(0, 1), sink[1].transpose(0, 1)
-            if f:
-                kr, vr = dequant.dequantize_blocks(kv, md.block_table[b, 1:f + 1].long())
-                k_buf[g:(f + 1) * g] = kr.reshape(-1, self.num_kv_heads, self.head_size)
-                v_buf[g:(f + 1) * g] = vr.reshape(-1, self.num_kv_heads, self.head_size)
-            n_tail = -(-committed // g) - (f + 1)
-            if n_tail > 0:
-                tail = kv.side[sides[1:1 + n_tail].long()]  # [n, 2, H, G, D]
-                k_buf[(f + 1) * g:(f + 1 + n_tail) * g] = tail[:, 0].transpose(1, 2).reshape(
-                    -1, self.num_kv_heads, self.head_size)
-                v_buf[(f + 1) * g:(f + 1 + n_tail) * g] = tail[:, 1].transpose(1, 2).reshape(
-                    -1, self.num_kv_heads, self.head_size)
-            # H is self-inverse: rotating again returns the context to the model frame.
-            k_ctx = rotate.rotate(k_buf[:committed], q.dtype)
-            v_ctx = rotate.rotate(v_buf[:committed], q.dtype)
-            k_all, v_all = torch.cat([k_ctx, k_new]), torch.cat([v_ctx, v_new])
-        out[s:e] = _causal_attention(q[s:e], k_all, v_all, self.scale)
-
-
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """q [Tq, Hq, D] over k, v [Tk, H, D]; query row i sees keys 0..Tk - Tq + i."""
-    tq, tk = q.shape[0], k.shape[0]
-    mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                       v.transpose(0, 1), attn_mask=mask, scale=scale,
-                                       enable_gqa=True)
-    return o.transpose(0, 1)
+        first, end, max_blocks, max_q, max_len = pack
+        k_scr, v_scr = self._prefill_scratch()
+        materialize_rows(kv, first, end - first, max_blocks, md.block_table, md.side_table,
+                         md.num_flushed, md.seq_lens, md.scratch_offset, k_scr, v_scr)
+        s, e = int(md.query_start_loc_cpu[first]), int(md.query_start_loc_cpu[end])
+        q_rot = rotate.rotate(query[s:e].view(e - s, self.num_heads, self.head_size))
+        o_rot = torch.empty_like(q_rot)
+        blocks = torch.arange(max_blocks, dtype=torch.int32, device=q_rot.device)
+        table = md.scratch_offset[first:end, None] + blocks[None, :]
+        unit = torch.ones(1, dtype=torch.float32, device=q_rot.device).expand(
+            end - first, self.num_kv_heads)
+        unified_attention(
+            q=q_rot, k=k_scr, v=v_scr, out=o_rot,
+            cu_seqlens_q=md.query_start_loc[first:end + 1] - md.query_start_loc[first],
+            max_seqlen_q=max_q, seqused_k=md.seq_lens[first:end], max_seqlen_k=max_len,
+            softmax_scale=self.scale, causal=True, window_size=(-1, -1), block_table=table,
+            softcap=0, q_descale=None, k_descale=unit, v_descale=unit)
+        out[s:e] = rotate.rotate(o_rot, out.dtype)

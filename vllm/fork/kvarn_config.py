@@ -7,6 +7,7 @@ instead of in a worker after the model loaded.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,8 +15,8 @@ import torch
 
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
 from vllm.kvarn.preset import HEAD_DIMS, Preset
+from vllm.kvarn.sidepool import required_side_blocks
 from vllm.logger import init_logger
-from vllm.utils.math_utils import cdiv
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -25,21 +26,27 @@ logger = init_logger(__name__)
 ALLOWED_MODEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
+SIDE_BLOCKS_ENV = "KVARN_SIDE_BLOCKS"
+# Speculative methods whose drafts need no attention layers of their own: a drafter's
+# layers would share the target's KVarN bookkeeping, which only the runner's real
+# steps may drive.
+SPEC_METHODS = ("ngram",)
+
+
 @dataclass(frozen=True)
 class SidePoolPlan:
-    """The fp16 side pool of one attention layer: rotated rows not (yet) quantized.
-
-    Each scheduled request holds a sink block (block 0, fp16 for the request's life)
-    and its tail; the tails of one step together span at most one block per request
-    more than the step's new tokens fill. So ``2 * seats + cdiv(tokens per step, G)``
-    blocks always suffice, whatever mix of prefill and (speculative) decode is run.
-    """
+    """The fp16 side pool of one attention layer: rotated rows not (yet) quantized,
+    sized by ``kvarn.sidepool.required_side_blocks`` for the configured seats, tokens
+    per step and speculative tokens (see there for why that always suffices)."""
 
     seats: int
     num_blocks: int
+    required: int
     num_kv_heads: int
     group: int
     head_dim: int
+    spec_tokens: int
+    slack: int
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -52,10 +59,33 @@ class SidePoolPlan:
 
 def side_pool_plan(vllm_config: VllmConfig, preset: Preset, num_kv_heads: int,
                    head_dim: int) -> SidePoolPlan:
+    """The side pool for this config; KVARN_SIDE_BLOCKS may raise it, and a value
+    below what the seats need is refused here, at start-up, never mid-step."""
     sched = vllm_config.scheduler_config
-    seats = sched.max_num_seqs
-    blocks = 2 * seats + cdiv(sched.max_num_batched_tokens, preset.group)
-    return SidePoolPlan(seats, blocks, num_kv_heads, preset.group, head_dim)
+    spec = vllm_config.speculative_config
+    k = (spec.num_speculative_tokens or 0) if spec is not None else 0
+    # Asynchronous scheduling plans a step before the last one's drafts are judged, so
+    # host lengths may count k rejected drafts.
+    slack = k if k and sched.async_scheduling else 0
+    required = required_side_blocks(sched.max_num_seqs, sched.max_num_batched_tokens,
+                                    preset.group, k, slack)
+    blocks = required
+    if override := os.environ.get(SIDE_BLOCKS_ENV):
+        try:
+            blocks = int(override)
+        except ValueError:
+            raise ValueError(f"{SIDE_BLOCKS_ENV}={override!r} is not an integer") from None
+        if blocks < required:
+            raise ValueError(
+                f"{SIDE_BLOCKS_ENV}={blocks}: the KVarN side pool cannot hold the "
+                f"configured seats; {preset.name} needs at least {required} side blocks "
+                f"per layer for --max-num-seqs {sched.max_num_seqs}, "
+                f"--max-num-batched-tokens {sched.max_num_batched_tokens} and {k} "
+                f"speculative tokens (3 + ceil({k + slack}/{preset.group}) per seat + "
+                f"ceil(tokens per step/{preset.group})); raise it, lower --max-num-seqs, "
+                f"or unset {SIDE_BLOCKS_ENV}")
+    return SidePoolPlan(sched.max_num_seqs, blocks, required, num_kv_heads, preset.group,
+                        head_dim, k, slack)
 
 
 def kvarn_layer_cache_dtype(cache_dtype: str, sliding_window: int | None) -> str:
@@ -85,6 +115,7 @@ def apply_kvarn_config(vllm_config: VllmConfig) -> None:
     model_config = vllm_config.model_config
     if model_config is not None:
         _check_model(name, model_config)
+    _check_engine(name, vllm_config)
     if cache_config.block_size != g:
         logger.info("KVarN %s: setting the KV cache block size to its tile length %d.",
                     name, g)
@@ -107,3 +138,18 @@ def _check_model(name: str, model_config) -> None:
             f"--kv-cache-dtype {name}: model {model_config.model} uses MLA, which KVarN "
             f"does not quantize; KVarN presets ({', '.join(KVARN_CACHE_DTYPES)}) "
             "need standard multi-head or grouped-query attention")
+
+
+def _check_engine(name: str, vllm_config: VllmConfig) -> None:
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.method not in SPEC_METHODS:
+        raise ValueError(
+            f"--kv-cache-dtype {name} with speculative method {spec.method!r} is not "
+            f"supported yet: KVarN serves draft-free speculation only "
+            f"({', '.join(SPEC_METHODS)}); use --kv-cache-dtype auto or fp8 with a "
+            "draft model")
+    if vllm_config.parallel_config.use_ubatching:
+        raise ValueError(
+            f"--kv-cache-dtype {name} does not run with micro-batching (--enable-dbo or "
+            "--ubatch-size > 1): the side pool is one per layer, not one per micro-batch")
+    side_pool_plan(vllm_config, Preset.parse(name), 1, HEAD_DIMS[0])
