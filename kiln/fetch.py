@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,18 +96,29 @@ def fetch_pinned(pin: PinnedFile, download, log) -> Path:
 
 
 def _pip_download_wheel(release: UpstreamRelease, dest: Path) -> Path:
+    return pip_download(release.wheel, f"vllm=={release.version}", dest,
+                        python_version="3.11", platforms=("manylinux_2_28_x86_64",))
+
+
+def pip_download(pin: PinnedFile, requirement: str, dest: Path, *, python_version: str,
+                 platforms: Sequence[str]) -> Path:
+    """The binary wheel pip picks for ``requirement`` on that Python and those platforms.
+
+    A wheel other than the pinned file name (pip chose other tags) is refused.
+    """
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
-        "--implementation", "cp", "-d", str(dest), f"vllm=={release.version}",
+        *(arg for platform in platforms for arg in ("--platform", platform)),
+        "--python-version", python_version, "--implementation", "cp", "-d", str(dest),
+        requirement,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise OSError(result.stderr.strip().splitlines()[-1] if result.stderr else "pip failed")
-    path = dest / release.wheel.name
+    path = dest / pin.name
     if not path.exists():
         found = ", ".join(p.name for p in dest.iterdir()) or "nothing"
-        raise KilnError(f"pip downloaded {found}, not the pinned {release.wheel.name}")
+        raise KilnError(f"pip downloaded {found}, not the pinned {pin.name}")
     return path
 
 
