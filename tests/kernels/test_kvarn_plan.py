@@ -134,3 +134,22 @@ def test_materialize_rows_matches_the_reference_view():
         assert torch.allclose(got_k, want_k.cpu(), atol=2e-3, rtol=2e-3)
         assert torch.allclose(got_v, want_v.cpu(), atol=2e-3, rtol=2e-3)
     assert torch.isnan(k[: int(off[first])]).all(), "rows outside the pack are untouched"
+
+
+def test_prefill_attention_matches_reference():
+    from kvarn.prefill import prefill_attention, prefill_attention_reference
+
+    gen = torch.Generator().manual_seed(6)
+    hq, h, d = 4, 2, 64
+    rows = [(300, 100), (64, 64), (129, 1), (70, 17)]  # (seq_len, query_len)
+    qsl = torch.tensor([0] + [q for _, q in rows]).cumsum(0).to(torch.int32)
+    seq = torch.tensor([L for L, _ in rows], dtype=torch.int32)
+    start = torch.tensor([0, 310, 380, 520], dtype=torch.int32)  # gaps between rows
+    k = torch.randn(600, h, d, generator=gen).half()
+    v = torch.randn(600, h, d, generator=gen).half()
+    q = torch.randn(int(qsl[-1]), hq, d, generator=gen).half()
+    dev = lambda x: x.to(DEVICE)  # noqa: E731
+    got = prefill_attention(dev(q), dev(k), dev(v), dev(qsl), dev(seq), dev(start),
+                            max(q for _, q in rows), d**-0.5)
+    want = prefill_attention_reference(q, k, v, qsl, seq, start, d**-0.5)
+    assert torch.allclose(got.float().cpu(), want, atol=3e-3, rtol=3e-3)

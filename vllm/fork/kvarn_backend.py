@@ -12,7 +12,7 @@ lifecycle through ``kvarn_lifecycle``) and uploads the plan into persistent devi
 tables in one copy; two small kernels finish it from the device's exact lengths. The
 forward then restores evicted hit sinks, stages the new rows, attends (fused decode /
 speculative verify over records + side rows; prefill packs over a dequantized fp16
-scratch with upstream's paged Triton attention) and flushes every block that is full.
+scratch) and flushes every block that is full.
 Nothing waits for the device, and a captured CUDA graph reads each step's tables.
 """
 
@@ -179,7 +179,7 @@ class KVarNMetadata(AttentionMetadata):
     num_decodes: int
     num_decode_tokens: int
     decode_query_len: int
-    prefill_packs: tuple[tuple[int, int, int, int, int], ...]  # first, end, blocks, max q, max L
+    prefill_packs: tuple[tuple[int, int, int, int], ...]  # first, end, blocks, max q
     query_start_loc_cpu: np.ndarray
     restore_grid: int  # entries of the restore and flush tables a launch covers
     flush_grid: int
@@ -201,8 +201,12 @@ class _Tables:
         self.rows, self.width, self.num_flush = rows, width, num_flush
         total = sum(sizes.values())
         self.host = np.zeros(total, np.int32)
-        self.device = torch.zeros(total, dtype=torch.int32, device=device)
-        self._upload = UvaBufferPool(total, torch.int32)
+        if device.type == "cpu":  # the host mirror is the table itself
+            self.device = torch.from_numpy(self.host)
+            self._upload = None
+        else:
+            self.device = torch.zeros(total, dtype=torch.int32, device=device)
+            self._upload = UvaBufferPool(total, torch.int32)
         self.host_views: dict[str, np.ndarray] = {}
         self.device_views: dict[str, torch.Tensor] = {}
         offset = 0
@@ -221,7 +225,8 @@ class _Tables:
         self.host_views["restore_dst"].fill(-1)
 
     def upload(self) -> None:
-        self._upload.copy_to_gpu(self.host, out=self.device)
+        if self._upload is not None:
+            self._upload.copy_to_gpu(self.host, out=self.device)
 
 
 class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
@@ -272,8 +277,10 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self._last_step = step
         t = self.tables
         num_reqs = cam.num_reqs
-        if num_reqs > t.rows:
-            raise RuntimeError(f"KVarN: {num_reqs} rows exceed the {t.rows} planned seats")
+        if num_reqs > t.rows or cam.num_actual_tokens > t.stage_slots.shape[0]:
+            raise RuntimeError(
+                f"KVarN: a step of {num_reqs} rows and {cam.num_actual_tokens} tokens "
+                f"exceeds the planned {t.rows} seats and {t.stage_slots.shape[0]} tokens")
         qsl = cam.query_start_loc_cpu[: num_reqs + 1].numpy()
         seq_up = cam.seq_lens_cpu_upper_bound[:num_reqs].numpy()
         num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
@@ -283,8 +290,8 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self.pool.begin_step()
         num_flush = 0
         scratch_used = 0
-        packs: list[tuple[int, int, int, int, int]] = []
-        pack_first, pack_blocks, pack_q, pack_len = num_decodes, 0, 0, 0
+        packs: list[tuple[int, int, int, int]] = []
+        pack_first, pack_blocks, pack_q = num_decodes, 0, 0
         g = self.preset.group
         for b in range(num_reqs):
             q = int(qsl[b + 1] - qsl[b])
@@ -316,14 +323,13 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             if b >= num_decodes:
                 blocks = cdiv(length, g)
                 if scratch_used + blocks > self.scratch_blocks:
-                    packs.append((pack_first, b, pack_blocks, pack_q, pack_len))
-                    pack_first, pack_blocks, pack_q, pack_len, scratch_used = b, 0, 0, 0, 0
+                    packs.append((pack_first, b, pack_blocks, pack_q))
+                    pack_first, pack_blocks, pack_q, scratch_used = b, 0, 0, 0
                 h["scratch_offset"][b] = scratch_used
                 scratch_used += blocks
-                pack_blocks, pack_q, pack_len = (max(pack_blocks, blocks), max(pack_q, q),
-                                                 max(pack_len, length))
+                pack_blocks, pack_q = max(pack_blocks, blocks), max(pack_q, q)
         if num_reqs > num_decodes:
-            packs.append((pack_first, num_reqs, pack_blocks, pack_q, pack_len))
+            packs.append((pack_first, num_reqs, pack_blocks, pack_q))
         t.upload()
         self._finish_plan(cam, num_reqs, num_flush)
         return self._metadata(cam, num_decodes, num_decode_tokens, tuple(packs),
@@ -468,27 +474,22 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
 
     def _prefill_pack(self, pack, query, out, kv: PagedKV, md: KVarNMetadata) -> None:
         """Rows first..end-1 (prefill chunks, new rows already staged): their whole
-        context and themselves, rotated, into the scratch; then upstream's paged Triton
-        attention with the rotated query; the output is rotated back."""
+        context and themselves, rotated, into the scratch; causal attention there with
+        the rotated query; the output is rotated back."""
         from vllm.kvarn import rotate
         from vllm.kvarn.dequant import materialize_rows
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        from vllm.kvarn.prefill import prefill_attention
 
-        first, end, max_blocks, max_q, max_len = pack
+        first, end, max_blocks, max_q = pack
         k_scr, v_scr = self._prefill_scratch()
         materialize_rows(kv, first, end - first, max_blocks, md.block_table, md.side_table,
                          md.num_flushed, md.seq_lens, md.scratch_offset, k_scr, v_scr)
         s, e = int(md.query_start_loc_cpu[first]), int(md.query_start_loc_cpu[end])
         q_rot = rotate.rotate(query[s:e].view(e - s, self.num_heads, self.head_size))
-        o_rot = torch.empty_like(q_rot)
-        blocks = torch.arange(max_blocks, dtype=torch.int32, device=q_rot.device)
-        table = md.scratch_offset[first:end, None] + blocks[None, :]
-        unit = torch.ones(1, dtype=torch.float32, device=q_rot.device).expand(
-            end - first, self.num_kv_heads)
-        unified_attention(
-            q=q_rot, k=k_scr, v=v_scr, out=o_rot,
-            cu_seqlens_q=md.query_start_loc[first:end + 1] - md.query_start_loc[first],
-            max_seqlen_q=max_q, seqused_k=md.seq_lens[first:end], max_seqlen_k=max_len,
-            softmax_scale=self.scale, causal=True, window_size=(-1, -1), block_table=table,
-            softcap=0, q_descale=None, k_descale=unit, v_descale=unit)
+        o_rot = prefill_attention(
+            q_rot, k_scr.view(-1, self.num_kv_heads, self.head_size),
+            v_scr.view(-1, self.num_kv_heads, self.head_size),
+            md.query_start_loc[first:end + 1] - md.query_start_loc[first],
+            md.seq_lens[first:end], md.scratch_offset[first:end] * self.preset.group,
+            max_q, self.scale)
         out[s:e] = rotate.rotate(o_rot, out.dtype)

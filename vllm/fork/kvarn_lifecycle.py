@@ -9,6 +9,7 @@ observed, which is how a builder tells them from real steps.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Registered:
-    pool: SidePool
+    pool: weakref.ref[SidePool]  # a discarded builder's pool leaves by itself
     layer_name: str
     manager_block_size: int
     group_index: int | None = None  # found in the runner's KV cache config on first use
@@ -35,7 +36,7 @@ _step = 0
 
 def register(pool: SidePool, layer_names: list[str], manager_block_size: int) -> None:
     """A builder's side pool joins; its KV-cache group is the one holding its layers."""
-    _pools.append(_Registered(pool, layer_names[0], manager_block_size))
+    _pools.append(_Registered(weakref.ref(pool), layer_names[0], manager_block_size))
 
 
 def current_step() -> int:
@@ -47,6 +48,7 @@ def observe_step(scheduler_output: SchedulerOutput, req_id_to_index: Mapping[str
                  kv_cache_config: KVCacheConfig) -> None:
     global _step
     _step += 1
+    _pools[:] = [entry for entry in _pools if entry.pool() is not None]
     if not _pools:
         return
     for entry in _pools:
@@ -60,16 +62,17 @@ def observe_step(scheduler_output: SchedulerOutput, req_id_to_index: Mapping[str
         slot = req_id_to_index[new.req_id]
         _slot_of[new.req_id] = slot
         for entry in _pools:
+            pool = entry.pool()
             blocks = new.block_ids[entry.group_index]
-            ratio = entry.manager_block_size // entry.pool.group
-            entry.pool.admit(slot, blocks[0] * ratio, new.num_computed_tokens)
+            ratio = entry.manager_block_size // pool.group
+            pool.admit(slot, blocks[0] * ratio, new.num_computed_tokens)
 
 
 def _release(req_id: str) -> None:
     slot = _slot_of.pop(req_id, None)
     if slot is not None:
         for entry in _pools:
-            entry.pool.release(slot)
+            entry.pool().release(slot)
 
 
 def _group_of(layer_name: str, kv_cache_config: KVCacheConfig) -> int:

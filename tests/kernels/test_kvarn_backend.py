@@ -1,0 +1,295 @@
+"""The installed fork's KVARN backend, builder and forward, driven step by step as Model
+Runner V2 drives them: the lifecycle hook, CommonAttentionMetadata, a paged cache.
+
+On CPU the Triton kernels run in the interpreter (this tier's process), so the host
+planning, the tables, the staging, decode, the prefill packs (upstream's paged Triton
+attention over the dequantized scratch), flushes and sink restores are exercised
+together. Every query token's output is checked against exact attention over the
+unquantized rows it should see.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm.fork.kvarn_backend", reason="needs the installed fork wheel")
+
+from kvarn_cases import DEVICE  # noqa: E402
+
+H_Q, H_KV, D = 4, 2, 64
+NUM_BLOCKS = 48
+
+
+@dataclass
+class Request:
+    rid: str
+    tokens: list[int]
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0
+    slot: int = -1
+
+
+def _tiny_config_dir(path) -> str:
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=H_Q, num_key_value_heads=H_KV, head_dim=D,
+                max_position_embeddings=1024, torch_dtype="bfloat16",
+                architectures=["Qwen3ForCausalLM"]).save_pretrained(path)
+    return str(path)
+
+
+class Driver:
+    """One KVARN layer served the way the V2 runner serves it."""
+
+    def __init__(self, model_dir: str, preset: str, max_num_seqs: int = 4,
+                 max_batched: int = 160, monkeypatch=None) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.kvarn import Preset
+        from vllm.model_executor.layers.attention.attention import Attention
+        from vllm.utils.torch_utils import set_default_torch_dtype
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.worker.utils import customize_attention_spec
+        from vllm.v1.worker.workspace import init_workspace_manager
+
+        self.config = EngineArgs(
+            model=model_dir, skip_tokenizer_init=True, kv_cache_dtype=preset,
+            max_model_len=512, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched, enable_prefix_caching=True,
+        ).create_engine_config()
+        if monkeypatch is not None:
+            # This test plays Model Runner V2, which cannot itself run on a CPU host
+            # (vLLM finds no Triton GPU driver there), so the config reports it.
+            monkeypatch.setattr(type(self.config), "use_v2_model_runner",
+                                property(lambda self: True))
+        self.preset = Preset.parse(preset)
+        self.g = self.preset.group
+        self._ctx = contextlib.ExitStack()
+        self._ctx.enter_context(set_current_vllm_config(self.config))
+        self._ctx.enter_context(set_default_torch_dtype(torch.bfloat16))
+        self.layer = Attention(H_Q, D, D**-0.5, H_KV, cache_config=self.config.cache_config,
+                               prefix="model.layers.0.self_attn.attn")
+        backend = self.layer.get_attn_backend()
+        assert backend.get_name() == "KVARN"
+        spec = customize_attention_spec(backend, self.layer.get_kv_cache_spec(self.config))
+        if DEVICE == "cpu" and monkeypatch is not None:
+            # The workspace manager frees the accelerator's cache before it grows;
+            # a CPU host has no accelerator to ask.
+            monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: None)
+        init_workspace_manager(torch.device(DEVICE))
+        self.builder = backend.get_builder_cls()(spec, [self.layer.layer_name], self.config,
+                                                 torch.device(DEVICE))
+        self.kv_cache_config = KVCacheConfig(NUM_BLOCKS, [], [KVCacheGroupSpec(
+            [self.layer.layer_name], spec)])
+        rec = self.preset.tile_bytes(D)
+        self.kv_cache = torch.zeros(NUM_BLOCKS, H_KV, self.g, rec // self.g,
+                                    dtype=torch.uint8, device=DEVICE)
+        self.free_blocks = list(range(NUM_BLOCKS - 1, 0, -1))
+        self.free_slots = list(range(max_num_seqs - 1, -1, -1))
+        gen = torch.Generator().manual_seed(0)
+        # K/V of a token depend on it and its position only, as a model's would.
+        self.k_table = torch.randn(512, 600, H_KV, D, generator=gen, dtype=torch.float32)
+        self.v_table = torch.randn(512, 600, H_KV, D, generator=gen, dtype=torch.float32)
+        self.pending_new: list = []
+        self.pending_done: set[str] = set()
+        # Profiling run: the side pool and scratch come from the workspace.
+        self._forward(None, torch.zeros(1, H_Q * D), torch.zeros(1, H_KV * D),
+                      torch.zeros(1, H_KV * D))
+        self.max_err = 0.0
+        self.checked = 0
+
+    def close(self) -> None:
+        self._ctx.close()
+
+    # -- the scheduler's side ------------------------------------------------------
+
+    def admit(self, req: Request, hit_blocks: list[int] = ()) -> None:
+        from vllm.v1.core.sched.output import NewRequestData
+
+        req.slot = self.free_slots.pop()
+        req.blocks = list(hit_blocks)
+        req.computed = len(hit_blocks) * self.g
+        self.pending_new.append(NewRequestData(
+            req_id=req.rid, prompt_token_ids=req.tokens, mm_features=[],
+            sampling_params=None, pooling_params=None, block_ids=(req.blocks,),
+            num_computed_tokens=req.computed, lora_request=None))
+
+    def finish(self, req: Request) -> None:
+        self.pending_done.add(req.rid)
+        self.free_slots.append(req.slot)
+
+    def step(self, batch: list[tuple[Request, int]]) -> torch.Tensor:
+        from vllm.fork import kvarn_lifecycle
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+        for req, q in batch:
+            while len(req.blocks) * self.g < req.computed + q:
+                req.blocks.append(self.free_blocks.pop())
+        # New requests' block lists are final only now; the runner sees them complete.
+        out = SchedulerOutput(
+            scheduled_new_reqs=self.pending_new,
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens={r.rid: q for r, q in batch},
+            total_num_scheduled_tokens=sum(q for _, q in batch),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            finished_req_ids=self.pending_done, free_encoder_mm_hashes=[])
+        kvarn_lifecycle.observe_step(out, {r.rid: r.slot for r, _ in batch},
+                                     self.kv_cache_config)
+        self.pending_new, self.pending_done = [], set()
+        qlens = [q for _, q in batch]
+        qsl = torch.tensor([0, *np.cumsum(qlens)], dtype=torch.int32)
+        seq = torch.tensor([r.computed + q for r, q in batch], dtype=torch.int32)
+        width = max(len(r.blocks) for r, _ in batch)
+        table = torch.zeros(len(batch), width, dtype=torch.int32)
+        for b, (r, _) in enumerate(batch):
+            table[b, : len(r.blocks)] = torch.tensor(r.blocks)
+        positions = torch.cat([torch.arange(r.computed, r.computed + q) for r, q in batch])
+        cam = CommonAttentionMetadata(
+            query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl,
+            seq_lens=seq.to(DEVICE), num_reqs=len(batch), num_actual_tokens=int(qsl[-1]),
+            max_query_len=max(qlens), max_seq_len=int(seq.max()),
+            block_table_tensor=table.to(DEVICE), slot_mapping=torch.zeros(1),
+            positions=positions.to(DEVICE), seq_lens_cpu_upper_bound=seq,
+            req_idx=np.array([r.slot for r, _ in batch]))
+        md = self.builder.build(0, cam)
+        toks = [(r.tokens[p], p) for r, q in batch for p in range(r.computed, r.computed + q)]
+        ids = torch.tensor([t for t, _ in toks])
+        pos = torch.tensor([p for _, p in toks])
+        gen = torch.Generator().manual_seed(int(qsl[-1]) * 7919 + len(batch))
+        query = torch.randn(len(toks), H_Q, D, generator=gen)
+        k = self.k_table[ids, pos]
+        v = self.v_table[ids, pos]
+        got = self._forward(md, query.reshape(len(toks), -1), k.reshape(len(toks), -1),
+                            v.reshape(len(toks), -1))
+        self._check(batch, query, got)
+        for req, q in batch:
+            req.computed += q
+        return md
+
+    def _forward(self, md, query, key, value) -> torch.Tensor:
+        out = torch.zeros(query.shape[0], H_Q * D, dtype=torch.bfloat16, device=DEVICE)
+        self.layer.impl.forward(self.layer, query.to(DEVICE, torch.bfloat16),
+                                key.to(DEVICE, torch.bfloat16),
+                                value.to(DEVICE, torch.bfloat16), self.kv_cache, md, out)
+        return out.view(-1, H_Q, D).float().cpu()
+
+    def _check(self, batch, query, got) -> None:
+        t = 0
+        for req, q in batch:
+            ids = torch.tensor(req.tokens[: req.computed + q])
+            pos = torch.arange(req.computed + q)
+            k = self.k_table[ids, pos].bfloat16().float().repeat_interleave(H_Q // H_KV, 1)
+            v = self.v_table[ids, pos].bfloat16().float().repeat_interleave(H_Q // H_KV, 1)
+            for i in range(q):
+                p = req.computed + i
+                qi = query[t].bfloat16().float()
+                s = torch.einsum("hd,lhd->hl", qi, k[: p + 1]) * D**-0.5
+                want = torch.einsum("hl,lhd->hd", s.softmax(-1), v[: p + 1])
+                err = float((got[t] - want).norm() / want.norm())
+                # KVarN's own error: 4-bit keys and 2-bit values beyond the sink block.
+                bound = 0.02 if p < self.g else 0.6
+                assert err < bound, (f"{req.rid} position {p}: relative error {err:.3f} "
+                                     f"(bound {bound})")
+                self.max_err = max(self.max_err, err)
+                self.checked += 1
+                t += 1
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return _tiny_config_dir(tmp_path_factory.mktemp("qwen3-kvarn-backend"))
+
+
+@pytest.fixture
+def driver(model_dir, monkeypatch):
+    d = Driver(model_dir, "kvarn_k4v2_g64", monkeypatch=monkeypatch)
+    yield d
+    d.close()
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_prefill_chunks_decode_and_prefix_hits(driver):
+    g = driver.g
+    a = Request("a", _prompt(1, 170) + _prompt(2, 60))
+    driver.admit(a)
+    driver.step([(a, 100)])  # first chunk: raw rows, block 0 recorded
+    driver.step([(a, 70)])  # continues over the sink and a partial block
+    for _ in range(6):
+        driver.step([(a, 1)])
+    # b shares a's first two blocks: a prefix hit adopting a's live sink.
+    b = Request("b", a.tokens[: 2 * g] + _prompt(3, 60))  # 40 prompt, 20 generated
+    driver.admit(b, hit_blocks=a.blocks[:2])
+    driver.step([(a, 1), (b, 40)])
+    for _ in range(4):
+        driver.step([(a, 1), (b, 1)])
+    assert driver.checked == 225
+    assert driver.max_err > 0.05, "no quantized record was read"
+
+
+def test_finished_requests_give_their_side_blocks_back(driver):
+    pool = driver.builder.pool
+    free0 = pool.num_free
+    for n in range(8):  # twice as many requests as seats, one after another
+        r = Request(f"f{n}", _prompt(10 + n, 141))
+        driver.admit(r)
+        driver.step([(r, 140)])
+        driver.step([(r, 1)])
+        driver.finish(r)
+        driver.free_blocks.extend(r.blocks)
+    x = Request("x", _prompt(99, 10))
+    driver.admit(x)
+    driver.step([(x, 10)])
+    assert pool.num_free + pool.num_idle_sinks >= free0 - 1
+
+
+def test_tables_are_persistent_between_steps(driver):
+    r = Request("p", _prompt(5, 81))
+    driver.admit(r)
+    md1 = driver.step([(r, 80)])
+    md2 = driver.step([(r, 1)])
+    for name in ("side_table", "num_flushed", "stage_slots", "restore_dst", "flush_dst",
+                 "flush_src", "scratch_offset"):
+        assert getattr(md1, name).data_ptr() == getattr(md2, name).data_ptr(), name
+
+
+def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeypatch):
+    d = Driver(model_dir, "kvarn_k4v4_g64", max_num_seqs=2, max_batched=64,
+               monkeypatch=monkeypatch)
+    try:
+        g = d.g
+        a = Request("ea", _prompt(20, 2 * g + 5))
+        d.admit(a)
+        d.step([(a, g)])
+        d.step([(a, g)])
+        d.step([(a, 5)])
+        d.finish(a)
+        # Distinct prompts fill the pool until a's idle sink is evicted.
+        for n in range(12):
+            r = Request(f"e{n}", _prompt(30 + n, g + 3))
+            d.admit(r)
+            d.step([(r, g)])
+            d.step([(r, 3)])
+            d.finish(r)
+        assert d.builder.pool.num_idle_sinks < 12
+        b = Request("eb", a.tokens[: 2 * g] + _prompt(50, 9))
+        d.admit(b, hit_blocks=a.blocks[:2])
+        md = d.step([(b, 8)])
+        assert int(md.restore_dst[0]) >= 0, "the sink came back from its record"
+        d.step([(b, 1)])
+    finally:
+        d.close()
+
+
+def test_v1_runner_is_refused(model_dir):
+    with pytest.raises(ValueError, match="Model Runner V2"):
+        Driver(model_dir, "kvarn_k4v2_g64")
