@@ -6,8 +6,9 @@ from pathlib import Path
 from kiln.cli import build_parser, main
 from kiln.paths import REPO_ROOT
 
-COMMANDS = ["apply", "build", "build-xgrammar", "export", "fetch", "materialize", "peer-suite",
-            "pin-bump", "port-check", "rebase", "test-env", "tiny-model", "topics", "verify"]
+COMMANDS = ["apply", "build", "build-xgrammar", "export", "fetch", "gpu-bundle", "materialize",
+            "peer-suite", "pin-bump", "port-check", "rebase", "test-env", "tiny-model", "topics",
+            "verify"]
 
 
 def test_every_command_is_registered_with_help():

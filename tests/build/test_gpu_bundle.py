@@ -1,0 +1,274 @@
+"""kiln gpu-bundle from the real fork wheel: contents, slimmed extensions, budget, refusals.
+
+The first build slims and compresses 124 MB of extensions and the wheel's Python tree
+(about a minute on 2 cores; the pieces are cached, keyed by their inputs and code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kiln import fatbin
+from kiln.cli import main
+from kiln.errors import KilnError
+from kiln.gpubundle import CARRIED, SIZE_LIMIT, STANDIN_FA2, build_gpu_bundle
+from kiln.gpulock import GpuBundleLock
+from kiln.gpurun import gpu_visible
+
+C_OPS = "vllm/_C_stable_libtorch.abi3.so"
+
+
+@pytest.fixture(scope="module")
+def bundle(fork_wheel, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu90") / "bundle"
+    log: list[str] = []
+    started = time.monotonic()
+    built = build_gpu_bundle(out, (90,), fork_wheel, log=log.append)
+    print(f"\ngpu-bundle --arch 90: {time.monotonic() - started:.0f} s\n" + "\n".join(log))
+    return built
+
+
+@pytest.fixture(scope="module")
+def bundle86(fork_wheel, tmp_path_factory):
+    return build_gpu_bundle(tmp_path_factory.mktemp("gpu86") / "bundle", (86,), fork_wheel,
+                            log=lambda _: None)
+
+
+def unpacked(bundle, name: str) -> bytes:
+    return lzma.decompress((bundle.path / "compiled" / f"{name}.xz").read_bytes())
+
+
+def test_the_bundle_fits_its_budget_and_nothing_else_is_left_beside_it(bundle):
+    files = [p for p in bundle.path.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) == bundle.size <= SIZE_LIMIT
+    assert [p.name for p in bundle.path.parent.iterdir()] == ["bundle"]
+    assert bundle.archs == (90,)
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_sha256(bundle, fork_wheel):
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(bundle.path)) for p in bundle.path.rglob("*") if p.is_file()}
+    assert set(manifest["files"]) == on_disk - {"manifest.json"}
+    for rel, entry in manifest["files"].items():
+        data = (bundle.path / rel).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, rel
+    with zipfile.ZipFile(fork_wheel) as zf:
+        metadata = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        assert f"Version: {manifest['fork_version']}\n" in zf.read(metadata).decode()
+    assert manifest["archs"] == [90] and manifest["python_version"] == "3.12"
+    assert manifest["built"].endswith("Z")
+
+
+def test_every_pinned_wheel_is_there_with_its_pinned_hash(bundle):
+    lock = GpuBundleLock.load()
+    wheels = bundle.path / "wheels"
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(w.pin.name for w in lock.wheels)
+    for wheel in lock.wheels:
+        assert hashlib.sha256((wheels / wheel.pin.name).read_bytes()).hexdigest() == wheel.pin.sha256
+
+
+def test_the_pinned_versions_satisfy_the_fork_wheels_requirements(fork_zip):
+    metadata = next(n for n in fork_zip.namelist() if n.endswith(".dist-info/METADATA"))
+    pinned = {w.project: w.version for w in GpuBundleLock.load().wheels}
+    checked = 0
+    for line in fork_zip.read(metadata).decode().partition("\n\n")[0].splitlines():
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line:
+            req = Requirement(line[len("Requires-Dist: "):])
+            version = pinned.get(canonicalize_name(req.name))
+            if version is not None:
+                assert req.specifier.contains(version, prereleases=True), (req, version)
+                checked += 1
+    assert checked >= 20
+
+
+def test_the_stand_in_pynvml_and_the_run_script_are_there(bundle):
+    standin = bundle.path / "standins" / STANDIN_FA2
+    assert "registers no operator" in standin.read_text()
+    compile(standin.read_text(), str(standin), "exec")
+    run = bundle.path / "run"
+    assert os.access(run, os.X_OK) and run.read_text().startswith("#!/usr/bin/env bash\n")
+    with tarfile.open(bundle.path / "vllm-python.tar.xz") as tree:
+        assert tree.getmember("vllm/third_party/pynvml.py").size > 100_000
+
+
+def test_the_python_tree_is_the_wheels_files_less_compiled_code_and_jit_headers(bundle, fork_zip):
+    with tarfile.open(bundle.path / "vllm-python.tar.xz") as tree:
+        members = {m.name: m for m in tree.getmembers()}
+        wheel_names = {i.filename for i in fork_zip.infolist() if not i.is_dir()}
+        assert set(members) <= wheel_names
+        python = {n for n in wheel_names if n.endswith(".py")}
+        assert python <= set(members)
+        for name in sorted(python)[::50] + ["vllm/_version.py", "vllm/fork/manifest.json"]:
+            assert tree.extractfile(name).read() == fork_zip.read(name), name
+        for name in members:
+            assert tree.extractfile(name).read(4) != b"\x7fELF", name
+        assert not any(n.endswith("/RECORD") for n in members)
+        assert any(n.endswith(".dist-info/entry_points.txt") for n in members)
+        assert not any(n.startswith("vllm/third_party/deep_gemm/include/") for n in members)
+
+
+def test_the_sources_take_the_bundle_for_the_repository_root(bundle):
+    src = bundle.path / "src"
+    for rel in ("kiln/__main__.py", "tests/e2e/data/corpus.txt", "bench", "kvarn/__init__.py",
+                "pyproject.toml"):
+        assert (src / rel).exists(), rel
+    result = subprocess.run(
+        [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln import tinymodel; "
+         "print(REPO_ROOT); print(tinymodel.CORPUS.is_file())"],
+        cwd=src, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(src), "True"]
+
+
+def _readelf(*args: str) -> str:
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.parametrize("name", sorted(CARRIED))
+def test_a_slimmed_extension_differs_only_inside_zeroed_fatbin_payloads(bundle, fork_zip, name,
+                                                                        tmp_path):
+    original, slim = fork_zip.read(name), unpacked(bundle, name)
+    assert len(slim) == len(original)
+    expected = bytearray(original)
+    for b in fatbin.read(original, name):
+        for e in b.entries:
+            if slim[e.payload_offset:e.end] == bytes(e.payload_size):
+                expected[e.payload_offset:e.end] = bytes(e.payload_size)
+    assert slim == bytes(expected)
+    (tmp_path / "original.so").write_bytes(original)
+    (tmp_path / "slim.so").write_bytes(slim)
+    for args in (["--section-headers"], ["--dyn-syms"]):
+        assert (_readelf(*args, str(tmp_path / "slim.so")).replace("slim.so", "X")
+                == _readelf(*args, str(tmp_path / "original.so")).replace("original.so", "X"))
+
+
+def _kept(original: bytes, slim: bytes, name: str) -> list[list[fatbin.Entry]]:
+    """Per blob, the entries whose payload the slimmed file still holds."""
+    return [[e for e in b.entries if slim[e.payload_offset:e.end] != bytes(e.payload_size)]
+            for b in fatbin.read(original, name)]
+
+
+def test_the_slimmed_core_ops_keep_exactly_the_sm_90_code(bundle, fork_zip):
+    original = fork_zip.read(C_OPS)
+    blobs = fatbin.read(original, C_OPS)
+    kept = _kept(original, unpacked(bundle, C_OPS), C_OPS)
+    assert sum(map(len, kept)) > 50
+    for blob, entries in zip(blobs, kept):
+        sm90 = [e for e in blob.entries if e.is_elf and e.arch == 90]
+        if sm90:
+            assert entries == sm90  # sm_90 and sm_90a machine code, nothing else
+        else:
+            ptx = [e for e in blob.entries if not e.is_elf and e.arch <= 90]
+            newest = max((e.arch for e in ptx), default=None)
+            assert entries == [e for e in ptx if e.arch == newest]
+
+
+def test_arch_86_keeps_sm_86_or_else_sm_80_and_nothing_more(bundle86, fork_zip):
+    original = fork_zip.read(C_OPS)
+    blobs = fatbin.read(original, C_OPS)
+    kept = _kept(original, unpacked(bundle86, C_OPS), C_OPS)
+    for blob, entries in zip(blobs, kept):
+        elf = {e.arch for e in blob.entries if e.is_elf}
+        best = 86 if 86 in elf else 80 if 80 in elf else None
+        if best:
+            assert entries == [e for e in blob.entries if e.is_elf and e.arch == best]
+        else:
+            assert all(not e.is_elf and e.arch <= 86 for e in entries)
+    assert {e.name for entries in kept for e in entries} == {"sm_80 ELF", "sm_86 ELF"}
+    manifest = json.loads((bundle86.path / "manifest.json").read_text())
+    assert manifest["archs"] == [86]
+
+
+def test_an_arch_outside_the_allowed_set_is_a_clean_error(fork_wheel, tmp_path, capsys):
+    code = main(["gpu-bundle", "--out", str(tmp_path / "b"), "--arch", "75",
+                 "--wheel", str(fork_wheel)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "kiln gpu-bundle: error: --arch '75' is not an arch the bundle supports "
+        "(allowed: 80, 86, 89, 90)\n")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_corrupted_pinned_wheel_is_refused_naming_both_hashes(fork_wheel, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    first = GpuBundleLock.load().wheels[0].pin
+    (tmp_path / "cache" / "upstream").mkdir(parents=True)
+    (tmp_path / "cache" / "upstream" / first.name).write_bytes(b"corrupted")
+    with pytest.raises(KilnError) as err:
+        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, log=lambda _: None)
+    assert str(err.value).startswith(f"{first.name}: sha256 mismatch (expected {first.sha256}, "
+                                     f"got {hashlib.sha256(b'corrupted').hexdigest()})")
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_over_budget_bundle_is_refused_naming_its_largest_parts(bundle, fork_wheel, tmp_path):
+    with pytest.raises(KilnError) as err:
+        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, limit=20 * 2**20, log=lambda _: None)
+    message = str(err.value)
+    assert message.startswith(f"the bundle would be {bundle.size / 2**20:.1f} MiB, over its "
+                              "20.0 MiB limit; largest parts: compiled/vllm/_C_stable_libtorch")
+    core = bundle.parts[f"compiled/{C_OPS}.xz"]
+    assert f"compiled/{C_OPS}.xz {core / 2**20:.1f} MiB, " in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(gpu_visible(), reason="this machine has an NVIDIA GPU")
+def test_run_refuses_a_machine_without_a_gpu_at_once(bundle, tmp_path):
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(bundle.path / "run"), str(tmp_path / "results")],
+                            capture_output=True, text=True)
+    assert result.returncode == 3
+    assert "kiln gpu bundle: refused: no CUDA GPU on this machine" in result.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "results").exists()
+
+
+def test_install_lays_out_the_wheels_python_compiled_files_and_stand_ins(bundle, tmp_path):
+    site = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "kiln.gpurun", "install", str(bundle.path),
+                             str(site)], env={**os.environ, "PYTHONPATH": str(bundle.path / "src")},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for name in CARRIED:
+        assert (site / name).read_bytes() == unpacked(bundle, name)
+        assert os.access(site / name, os.X_OK)
+    assert (site / STANDIN_FA2).read_text() == (bundle.path / "standins" / STANDIN_FA2).read_text()
+    assert (site / "vllm" / "third_party" / "pynvml.py").is_file()
+    assert os.access(site / "bin" / "vllm", os.X_OK)
+    installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
+    assert {w.project for w in GpuBundleLock.load().wheels} | {"vllm"} == installed
+
+
+def test_install_refuses_a_damaged_copy_naming_the_file(bundle, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle.path, copy)
+    damaged = next((copy / "wheels").glob("pydantic-*.whl"))
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = subprocess.run([sys.executable, "-m", "kiln.gpurun", "install", str(copy),
+                             str(tmp_path / "site")],
+                            env={**os.environ, "PYTHONPATH": str(copy / "src")},
+                            capture_output=True, text=True)
+    assert result.returncode == 3
+    assert result.stderr.startswith("kiln gpu bundle: error: 1 file(s) of the bundle differ "
+                                    f"from its manifest (copied incompletely?): wheels/{damaged.name}")
+    assert not (tmp_path / "site").exists()
