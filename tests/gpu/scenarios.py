@@ -1,0 +1,343 @@
+"""The GPU tier's workloads: each runs one vLLM engine (or server) in its own process
+and writes what it measured as JSON; the tests assert on those results.
+
+    python3 -m tests.gpu.scenarios NAME SPEC_JSON OUT_JSON
+
+A spec names the model folder and the knobs; tokens are always given as ids, so
+lengths are exact. Engines that run side by side get a fixed KV-cache size
+(``kv_cache_memory_bytes``), since the memory profile cannot tell their allocations
+apart; the speed runs are alone on the GPU and size their pools by profiling.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+SPECIAL_IDS = 3  # the tiny models' tokenizers put their special tokens first
+
+
+def _mode_kwargs(mode: str) -> dict[str, Any]:
+    """eager; graphs: full CUDA graphs for decode, no torch.compile; compile: both."""
+    if mode == "eager":
+        return {"enforce_eager": True}
+    if mode == "graphs":
+        return {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+    if mode == "compile":
+        return {"compilation_config": {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}}
+    raise ValueError(f"unknown mode {mode!r}; allowed: eager, graphs, compile")
+
+
+def _llm(spec: dict[str, Any], **extra: Any):
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(
+        model=spec["model"], dtype="bfloat16", seed=0, disable_log_stats=False,
+        max_model_len=spec.get("max_model_len", 2048),
+        kv_cache_dtype=spec.get("kv_cache_dtype", "auto"),
+        enable_prefix_caching=spec.get("prefix_caching", True),
+        attention_backend=None if "kvarn" in spec.get("kv_cache_dtype", "") else "TRITON_ATTN",
+        **_mode_kwargs(spec.get("mode", "eager")),
+    )
+    if "kv_cache_memory_bytes" in spec:
+        kwargs["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    for key in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
+                "gpu_memory_utilization"):
+        if key in spec:
+            kwargs[key] = spec[key]
+    kwargs.update(extra)
+    return LLM(**kwargs)
+
+
+def _greedy(max_tokens: int, **extra: Any):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)
+
+
+def _prompts(ids: list[list[int]]):
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=p) for p in ids]
+
+
+def _generate(llm, ids: list[list[int]], params) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(ids), params,
+                                                               use_tqdm=False)]
+
+
+def _random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(SPECIAL_IDS, vocab) for _ in range(n)]
+
+
+def _vocab(model: str) -> int:
+    return json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+
+
+def _pool(llm) -> dict[str, Any]:
+    cache = llm.llm_engine.vllm_config.cache_config
+    return {"num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
+            "pool_tokens": (cache.num_gpu_blocks or 0) * cache.block_size}
+
+
+def _counter(llm, name: str) -> float:
+    return sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics()
+               if m.name in (name, name + "_total"))
+
+
+# -- scenarios --------------------------------------------------------------------
+
+
+def parity(spec: dict[str, Any]) -> dict[str, Any]:
+    """Greedy tokens of fixed prompts under one execution mode (and transformers')."""
+    rng = random.Random(1)
+    vocab = _vocab(spec["model"])
+    lengths = spec.get("lengths", [5, 37, 130, 300])
+    n = spec.get("max_tokens", 24)
+    result: dict[str, Any] = {}
+    if spec.get("copy"):
+        from kiln import tinymodel
+
+        period = tinymodel.read_spec(Path(spec["model"])).copy_period
+        ids = [tinymodel.copy_prompt(spec["model"], k, seed=k) for k in lengths]
+        result["expected"] = [tinymodel.copy_continuation(p, n, period) for p in ids]
+    else:
+        ids = [_random_ids(rng, k, vocab) for k in lengths]
+    llm = _llm(spec, max_num_seqs=8)
+    result["tokens"] = _generate(llm, ids, _greedy(n, ignore_eos=True))
+    if spec.get("transformers"):
+        del llm
+        result["transformers"] = _transformers_greedy(spec["model"], ids, n)
+    return result
+
+
+def _transformers_greedy(model: str, ids: list[list[int]], n: int) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).cuda().eval()
+    out = []
+    with torch.no_grad():
+        for p in ids:
+            x = torch.tensor([p], device="cuda")
+            y = hf.generate(x, max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                            pad_token_id=0)
+            out.append(y[0, len(p):].tolist())
+    return out
+
+
+def kvarn_copy(spec: dict[str, Any]) -> dict[str, Any]:
+    """The copy model through one cache path: prompts around every block boundary (at
+    least 4 full blocks), a residue sweep of 128 lengths each sent twice (the second a
+    prefix-cache hit), chunked prefill over records (small token budget), a pool small
+    enough to preempt, and many more requests than seats."""
+    from kiln import tinymodel
+
+    model = spec["model"]
+    llm = _llm(spec)
+    g = llm.llm_engine.vllm_config.cache_config.block_size
+    period = tinymodel.read_spec(Path(model)).copy_period
+    # At least 4 full blocks, and a whole period before the first generated token.
+    base = max(4, -(-period // g))
+    boundary = sorted({base * g - 1, base * g, base * g + 1, (base + 1) * g - 1,
+                       (base + 1) * g, (base + 1) * g + 1, (base + 2) * g + 7,
+                       (base + 3) * g + 1, (base + 4) * g - 1})
+    cases: list[tuple[str, list[int]]] = [
+        (f"boundary-{n}", tinymodel.copy_prompt(model, n, seed=n)) for n in boundary]
+    n_new = spec.get("max_tokens", 40)
+    outputs: dict[str, list[int]] = {}
+    for name, out in zip([c for c, _ in cases],
+                         _generate(llm, [p for _, p in cases], _greedy(n_new))):
+        outputs[name] = out
+    sweep = spec.get("residues", 128)
+    for start in range(0, sweep, 4):
+        group = [(f"residue-{r}", tinymodel.copy_prompt(model, base * g + r, seed=1000 + r))
+                 for r in range(start, min(start + 4, sweep))]
+        cases += group
+        ids = [p for _, p in group]
+        first = _generate(llm, ids, _greedy(8))
+        second = _generate(llm, ids, _greedy(8))  # prefix-cache hits on the first
+        for (name, _), a, b in zip(group, first, second):
+            outputs[name], outputs[name + "-again"] = a, b
+    expected = {}
+    for name, prompt in cases:
+        n = len(outputs[name])
+        expected[name] = tinymodel.copy_continuation(prompt, n, period)
+        if name + "-again" in outputs:
+            expected[name + "-again"] = expected[name]
+    broken = sorted(k for k in outputs if outputs[k] != expected[k])
+    return {
+        "block_size": g, "outputs": outputs, "broken": broken,
+        "finished": len(outputs), "prompt_lengths": {n: len(p) for n, p in cases},
+        "preemptions": _counter(llm, "vllm:num_preemptions"),
+        "prefix_hits": _counter(llm, "vllm:prefix_cache_hits"),
+        "max_num_seqs": llm.llm_engine.vllm_config.scheduler_config.max_num_seqs,
+        **_pool(llm),
+    }
+
+
+def agreement(spec: dict[str, Any]) -> dict[str, Any]:
+    """Teacher-forced: the top-1 token and the forced token's logprob at every position
+    of fixed sequences, prefilled in small chunks so later chunks read the cache."""
+    rng = random.Random(7)
+    vocab = _vocab(spec["model"])
+    seqs = [_random_ids(rng, spec.get("length", 1024), vocab)
+            for _ in range(spec.get("sequences", 4))]
+    llm = _llm(spec)
+    outs = llm.generate(_prompts(seqs), _greedy(1, prompt_logprobs=1), use_tqdm=False)
+    top1, forced = [], []
+    for seq, out in zip(seqs, outs):
+        t, f = [], []
+        for tok, lp in zip(seq[1:], out.prompt_logprobs[1:]):
+            t.append(min(lp, key=lambda k: lp[k].rank))
+            f.append(lp[tok].logprob)
+        top1.append(t)
+        forced.append(f)
+    return {"top1": top1, "forced_logprob": forced, **_pool(llm)}
+
+
+def noise_reference(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the format's error alone does to the same teacher-forced positions: the
+    model in transformers, clean and with Gaussian noise of each preset's measured
+    reconstruction NMSE added to every key and value row past the fp16 sink block."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rng = random.Random(7)
+    vocab = _vocab(spec["model"])
+    seqs = [_random_ids(rng, spec.get("length", 1024), vocab)
+            for _ in range(spec.get("sequences", 4))]
+    hf = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16).cuda()
+    hf.eval()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    state = {"k": 0.0, "v": 0.0, "sink": 0}
+
+    def noisy(which):
+        def hook(_module, _inputs, out):
+            rel = state[which]
+            if not rel:
+                return out
+            x = out.float()
+            rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+            noise = torch.randn(x.shape, generator=gen, device=x.device) * rms * rel
+            noise[:, : state["sink"]] = 0
+            return (x + noise).to(out.dtype)
+        return hook
+
+    for layer in hf.model.layers:
+        layer.self_attn.k_norm.register_forward_hook(noisy("k"))
+        layer.self_attn.v_proj.register_forward_hook(noisy("v"))
+
+    def run() -> list[list[int]]:
+        with torch.no_grad():
+            return [hf(torch.tensor([s], device="cuda")).logits[0, :-1].argmax(-1).tolist()
+                    for s in seqs]
+
+    result = {"clean": run()}
+    for name, (k_nmse, v_nmse, group) in spec["presets"].items():
+        state.update(k=k_nmse ** 0.5, v=v_nmse ** 0.5, sink=group)
+        result[name] = run()
+    return result
+
+
+def hybrid(spec: dict[str, Any]) -> dict[str, Any]:
+    """The Gated DeltaNet + attention model serving greedy requests."""
+    rng = random.Random(3)
+    vocab = _vocab(spec["model"])
+    ids = [_random_ids(rng, n, vocab) for n in (200, 333, 512, 700)]
+    llm = _llm(spec, max_num_seqs=4)
+    return {"tokens": _generate(llm, ids, _greedy(32, ignore_eos=True)), "vocab": vocab,
+            **_pool(llm)}
+
+
+def serve(spec: dict[str, Any]) -> dict[str, Any]:
+    """`vllm serve` with --api-key: the residue sweep and the copy probe through HTTP."""
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from tests.e2e.vllm_server import VllmServer
+
+    out_dir = Path(spec["log_dir"])
+    key = "kiln-gpu-key"
+    server = VllmServer(
+        model=spec["model"], api_key=key, log_path=out_dir / "serve.log",
+        env={"VLLM_TARGET_DEVICE": "cuda"},
+        args=["--dtype", "bfloat16", "--kv-cache-dtype", spec["kv_cache_dtype"],
+              "--enable-prefix-caching", "--max-model-len", "2048",
+              "--kv-cache-memory-bytes", str(GIB), "--max-num-seqs", "8",
+              "--max-num-batched-tokens", "512", "--enforce-eager"])
+    server.start(timeout=600)
+    try:
+        try:
+            urllib.request.urlopen(server.url + "/v1/models", timeout=10)
+            unauthenticated = 200
+        except urllib.error.HTTPError as e:
+            unauthenticated = e.code
+        probes = {}
+        bench = Path(__file__).resolve().parents[2] / "bench" / "probes"
+        for name, args in (("residue_sweep", ["--base-blocks", "4", "--max-tokens", "8"]),
+                           ("copy_probe", ["--max-tokens", "64", "--repeat", "3"])):
+            run = subprocess.run(
+                [sys.executable, str(bench / f"{name}.py"), "--base-url", server.url,
+                 "--api-key", key, *args], capture_output=True, text=True, timeout=600)
+            probes[name] = {"exit": run.returncode, "stderr": run.stderr[-2000:],
+                            **(json.loads(run.stdout) if run.stdout.strip() else {})}
+        return {"unauthenticated_status": unauthenticated, "probes": probes,
+                "startup_s": server.startup_seconds}
+    finally:
+        server.stop()
+
+
+def speed(spec: dict[str, Any]) -> dict[str, Any]:
+    """Decode tokens/s at each batch x context on the larger model, alone on the GPU:
+    one prefill of the longest prompts, then for each shape a 1-token and a 129-token
+    generation over prefix-cache hits; decode = batch x 128 / their time difference."""
+    rng = random.Random(11)
+    vocab = _vocab(spec["model"])
+    batches, contexts = spec["batches"], spec["contexts"]
+    longest = max(contexts)
+    seqs = [_random_ids(rng, longest, vocab) for _ in range(max(batches))]
+    llm = _llm(spec, max_num_seqs=max(batches))
+    started = time.perf_counter()
+    _generate(llm, seqs, _greedy(1))
+    prefill_s = time.perf_counter() - started
+    table = []
+    for ctx in contexts:
+        for batch in batches:
+            ids = [s[:ctx] for s in seqs[:batch]]
+            times = {}
+            for n in (1, 129):
+                started = time.perf_counter()
+                _generate(llm, ids, _greedy(n, ignore_eos=True))
+                times[n] = time.perf_counter() - started
+            step = (times[129] - times[1]) / 128
+            table.append({"batch": batch, "context": ctx, "ms_per_step": step * 1e3,
+                          "tokens_per_s": batch / step})
+    return {"prefill_tokens": len(seqs) * longest, "prefill_s": prefill_s, "table": table,
+            **_pool(llm)}
+
+
+SCENARIOS = {f.__name__: f for f in (parity, kvarn_copy, agreement, noise_reference,
+                                      hybrid, serve, speed)}
+
+
+def main() -> int:
+    name, spec_path, out_path = sys.argv[1:4]
+    spec = json.loads(Path(spec_path).read_text())
+    started = time.monotonic()
+    result = SCENARIOS[name](spec)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    Path(out_path).write_text(json.dumps(result))
+    # Engine processes may linger past the interpreter's shutdown; the result is out.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

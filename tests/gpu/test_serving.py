@@ -1,0 +1,42 @@
+"""The hybrid model, `vllm serve` with --api-key, and the decode-speed table."""
+import pytest
+
+
+@pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
+def test_the_hybrid_model_serves_with_bf16_and_kvarn(scenario):
+    bf16, kvarn = scenario("hybrid-auto"), scenario("hybrid-kvarn_k4v2_g128")
+    for run in (bf16, kvarn):
+        assert all(len(t) == 32 and all(0 <= x < run["vocab"] for x in t)
+                   for t in run["tokens"])
+    first = sum(a[0] == b[0] for a, b in zip(bf16["tokens"], kvarn["tokens"]))
+    print(f"hybrid: first tokens agree on {first} of {len(bf16['tokens'])} prompts")
+
+
+@pytest.mark.scenarios("serve-kvarn_k4v2_g128")
+def test_vllm_serve_with_api_key_residue_sweep_and_copy_probe(scenario):
+    run = scenario("serve-kvarn_k4v2_g128")
+    assert run["unauthenticated_status"] == 401
+    sweep, copy = run["probes"]["residue_sweep"], run["probes"]["copy_probe"]
+    assert sweep["exit"] == 0 and sweep["broken"] == 0 and sweep["prompts"] == 128, sweep
+    assert copy["exit"] == 0 and copy["broken"] == 0, copy
+
+
+SPEED = ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128")
+
+
+@pytest.mark.scenarios(*SPEED)
+def test_decode_speed_table_and_profiled_capacity(scenario):
+    """A benchmark, not a timed test: it asserts the table is complete and that KVarN's
+    profiled pool (its side pool and scratch charged) keeps 0.85 of the format's ideal."""
+    from vllm.kvarn import Preset
+
+    runs = {name: scenario(name) for name in SPEED}
+    for name, run in runs.items():
+        assert len(run["table"]) == 6, name
+        for row in run["table"]:
+            print(f"{name}: batch {row['batch']} x {row['context']}: "
+                  f"{row['tokens_per_s']:.0f} tokens/s ({row['ms_per_step']:.2f} ms/step)")
+    bf16 = runs["speed-auto"]["pool_tokens"]
+    ideal = 4 * 128 / Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)
+    assert runs["speed-kvarn_k4v2_g128"]["pool_tokens"] / bf16 >= 0.85 * ideal
+    assert runs["speed-fp8"]["pool_tokens"] / bf16 >= 0.85 * 2.0
