@@ -63,7 +63,7 @@ def _build_models(names: set[str], folder: Path) -> dict[str, str]:
     for name in sorted(names):
         out = folder / name
         code = ("import sys; from kiln import tinymodel; "
-                f"print(tinymodel.build(out=sys.argv[1], spec=tinymodel.preset(**{MODELS[name]!r})))")
+                f"from pathlib import Path; print(tinymodel.build(out=Path(sys.argv[1]), spec=tinymodel.preset(**{MODELS[name]!r})))")
         procs[name] = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     paths = {}

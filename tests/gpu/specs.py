@@ -17,7 +17,7 @@ MODELS = {
     "d64": dict(name="d64", dtype="bfloat16"),
     "copy128": dict(name="d128", dtype="bfloat16", copy_period=COPY_PERIOD),
     "copy64": dict(name="d64", dtype="bfloat16", copy_period=COPY_PERIOD),
-    "hybrid128": dict(name="d128", dtype="bfloat16", hybrid=True),
+    "hybrid128": dict(name="d128", dtype="bfloat16", hybrid=True, init="transformers"),
     "large": dict(name="large"),
 }
 
