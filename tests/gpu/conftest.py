@@ -24,7 +24,7 @@ from tests.gpu.specs import MODELS, SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_TIMEOUT_S = int(os.environ.get("KILN_GPU_SCENARIO_TIMEOUT", "420"))
-PARALLEL = int(os.environ.get("KILN_GPU_PARALLEL", "24"))
+PARALLEL = int(os.environ.get("KILN_GPU_PARALLEL", "16"))
 
 
 def _has_cuda() -> bool:
@@ -110,20 +110,28 @@ def gpu_results(request, tmp_path_factory) -> dict[str, dict]:
     shared = [n for n in needed if not SCENARIOS[n][2].get("exclusive")]
     alone = [n for n in needed if SCENARIOS[n][2].get("exclusive")]
     results: dict[str, dict] = {}
-    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-        for name, result in zip(shared, pool.map(lambda n: _run(n, models, work), shared)):
-            results[name] = result
-    for name in alone:
-        results[name] = _run(name, models, work)
     out = os.environ.get("KILN_GPU_RESULTS")
-    if out:
+
+    def save() -> None:
+        """After every scenario, so a run cut short keeps what finished."""
+        if not out:
+            return
         Path(out).mkdir(parents=True, exist_ok=True)
         summary = {"model_build_s": round(model_s, 1),
                    "total_s": round(time.monotonic() - started, 1), "scenarios": results}
         Path(out, "gpu-results.json").write_text(json.dumps(summary, indent=1))
         with tarfile.open(Path(out, "scenario-logs.tar.gz"), "w:gz") as tar:
-            for name in needed:
+            for name in results:
                 tar.add(work / name / "log", arcname=f"{name}.log")
+
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {pool.submit(_run, n, models, work): n for n in shared}
+        for future in concurrent.futures.as_completed(futures):
+            results[futures[future]] = future.result()
+            save()
+    for name in alone:
+        results[name] = _run(name, models, work)
+        save()
     return results
 
 

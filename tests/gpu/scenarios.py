@@ -27,7 +27,8 @@ def _mode_kwargs(mode: str) -> dict[str, Any]:
     if mode == "eager":
         return {"enforce_eager": True}
     if mode == "graphs":
-        return {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+        return {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                       "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}}
     if mode == "compile":
         return {"compilation_config": {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}}
     raise ValueError(f"unknown mode {mode!r}; allowed: eager, graphs, compile")
@@ -269,7 +270,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         model=spec["model"], api_key=key, log_path=out_dir / "serve.log",
         env={"VLLM_TARGET_DEVICE": "cuda"},
         args=["--dtype", "bfloat16", "--kv-cache-dtype", spec["kv_cache_dtype"],
-              "--enable-prefix-caching", "--max-model-len", "2048",
+              "--enable-prefix-caching", "--max-model-len", "4096",
+              "--gpu-memory-utilization", "0.04",
               "--kv-cache-memory-bytes", str(GIB), "--max-num-seqs", "8",
               "--max-num-batched-tokens", "512", "--enforce-eager"])
     server.start(timeout=600)
@@ -282,7 +284,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         probes = {}
         bench = Path(__file__).resolve().parents[2] / "bench" / "probes"
         for name, args in (("residue_sweep", ["--base-blocks", "4", "--max-tokens", "8"]),
-                           ("copy_probe", ["--max-tokens", "64", "--repeat", "3"])):
+                           ("copy_probe", ["--max-tokens", "64", "--repeat", "3",
+                                           "--max-chars", "6000"])):
             run = subprocess.run(
                 [sys.executable, str(bench / f"{name}.py"), "--base-url", server.url,
                  "--api-key", key, *args], capture_output=True, text=True, timeout=600)
