@@ -5,6 +5,12 @@ a text file shipped in the repository, with a ChatML chat template. The same
 inputs give the same bytes, so a built folder is cached by a fingerprint of
 what went into it. torch, transformers and tokenizers are imported inside the
 functions that need them: kiln itself imports with the standard library only.
+
+Sizes and the weights' dtype come from a ``TinySpec`` (named presets in
+``PRESETS``). Random weights come either from transformers' own per-module
+initialisation (the default, which the CPU end-to-end tier's model was built
+with) or from a seeded generator per tensor, streamed to disk one tensor at a
+time, which keeps large models fast to build and small in memory.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+DTYPES = ("float32", "bfloat16", "float16")
+INITS = ("transformers", "seeded")
+
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -59,6 +70,101 @@ class TinySpec:
     # then do not flip on last-bit differences between batch shapes.
     initializer_range: float = 0.3
     seed: int = 0
+    # Fields added later. At these defaults they are left out of the
+    # fingerprint and the stamp, so folders built before they existed keep
+    # their bytes and their cache names.
+    dtype: str = "float32"
+    # "transformers": transformers' per-module init under torch.manual_seed;
+    # "seeded": normal(0, initializer_range) from a generator seeded per tensor.
+    init: str = "transformers"
+
+
+_LATER_DEFAULTS = {"dtype": "float32", "init": "transformers"}
+
+# The CLI flag that sets each field, for error messages.
+FLAGS = {
+    "hybrid": "--hybrid",
+    "hidden_size": "--hidden",
+    "intermediate_size": "--intermediate",
+    "num_layers": "--layers",
+    "num_heads": "--heads",
+    "num_kv_heads": "--kv-heads",
+    "head_dim": "--head-dim",
+    "max_position_embeddings": "--max-positions",
+    "dtype": "--dtype",
+    "init": "--init",
+}
+
+# Named sizes; fields not named keep TinySpec's defaults ("tiny" is today's
+# CPU-tier model). Explicit flags override a preset's values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "d64": dict(
+        hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1,
+        head_dim=64, init="seeded",
+    ),
+    "d128": dict(
+        hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+        head_dim=128, init="seeded",
+    ),
+    # About 400M parameters, bf16. The usual 0.02 init keeps activations of
+    # this width in fp16 range (0.3 would not).
+    "large": dict(
+        num_layers=8, hidden_size=2048, intermediate_size=6144, num_heads=16,
+        num_kv_heads=8, head_dim=128, max_position_embeddings=40960,
+        dtype="bfloat16", init="seeded", initializer_range=0.02,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> TinySpec:
+    """The spec of a named size, with ``overrides`` (TinySpec fields) on top."""
+    if name not in PRESETS:
+        raise KilnError(f"--size {name}: unknown size; choose one of {', '.join(PRESETS)}")
+    known = {f.name for f in fields(TinySpec)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise KilnError(f"unknown TinySpec field(s): {', '.join(unknown)}")
+    return replace(TinySpec(), **{**PRESETS[name], **overrides})
+
+
+def spec_dict(spec: TinySpec) -> dict[str, Any]:
+    """The spec as recorded in the fingerprint and the stamp."""
+    data = asdict(spec)
+    for name, default in _LATER_DEFAULTS.items():
+        if data[name] == default:
+            del data[name]
+    return data
+
+
+def validate(spec: TinySpec) -> None:
+    """Raise KilnError naming the flag and what it allows; needs no torch."""
+    sizes = (
+        "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+        "intermediate_size", "max_position_embeddings",
+    )
+    for name in sizes:
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise KilnError(f"{FLAGS[name]} {value}: must be a positive whole number")
+    if spec.head_dim % 2:
+        raise KilnError(
+            f"--head-dim {spec.head_dim}: must be even (RoPE rotates pairs of channels)"
+        )
+    if spec.num_heads % spec.num_kv_heads:
+        raise KilnError(
+            f"--heads {spec.num_heads} --kv-heads {spec.num_kv_heads}: the number of "
+            "query heads must be a multiple of the number of KV heads"
+        )
+    if spec.dtype not in DTYPES:
+        raise KilnError(f"--dtype {spec.dtype}: choose one of {', '.join(DTYPES)}")
+    if spec.init not in INITS:
+        raise KilnError(f"--init {spec.init}: choose one of {', '.join(INITS)}")
+    if spec.hybrid and spec.init != "transformers":
+        raise KilnError(
+            "--hybrid takes transformers' init only (--init transformers): the seeded "
+            "writer knows the dense Qwen3 layout alone"
+        )
 
 
 def _versions() -> dict[str, str]:
@@ -75,7 +181,7 @@ def _versions() -> dict[str, str]:
 def fingerprint(spec: TinySpec, corpus: Path = CORPUS) -> str:
     """Hash of the spec, the corpus, the library versions and this generator."""
     h = hashlib.sha256()
-    h.update(json.dumps(asdict(spec), sort_keys=True).encode())
+    h.update(json.dumps(spec_dict(spec), sort_keys=True).encode())
     h.update(corpus.read_bytes())
     h.update(json.dumps(_versions(), sort_keys=True).encode())
     h.update(str(GENERATOR_VERSION).encode())
@@ -124,7 +230,7 @@ def _write_tokenizer(tokenizer: Any, out: Path) -> None:
     )
 
 
-def _model_config(spec: TinySpec, tokenizer: Any) -> Any:
+def _model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
     vocab = tokenizer.get_vocab_size()
     common: dict[str, Any] = dict(
         vocab_size=vocab,
@@ -141,6 +247,7 @@ def _model_config(spec: TinySpec, tokenizer: Any) -> Any:
         eos_token_id=tokenizer.token_to_id(IM_END),
         pad_token_id=tokenizer.token_to_id(END_OF_TEXT),
     )
+    common.update(extra)
     if spec.hybrid:
         from transformers import Qwen3_5TextConfig
 
@@ -161,15 +268,144 @@ def _model_config(spec: TinySpec, tokenizer: Any) -> Any:
     return Qwen3Config(**common)
 
 
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
 def _write_model(spec: TinySpec, tokenizer: Any, out: Path) -> None:
+    """Weights from transformers' own init (the original tiny model's path)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     config = _model_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.dtype != "float32":
+        # Drawn in float32 and rounded, so the dtype changes only the rounding.
+        model = model.to(_torch_dtype(spec.dtype))
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)
+
+
+# ---------------------------------------------------------------------------
+# Weights written tensor by tensor: the seeded init.
+
+# A tensor to write: its name, its shape, and a function making its values.
+_Entry = tuple[str, tuple[int, ...], Callable[[], Any]]
+
+_SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def _write_safetensors(path: Path, entries: Sequence[_Entry], dtype: str) -> None:
+    """A safetensors file written one tensor at a time, in ``entries`` order.
+
+    The format: an 8-byte little-endian header length, a JSON header naming
+    each tensor's dtype, shape and byte range, then the raw little-endian data.
+    Only one tensor is in memory at a time.
+    """
+    import torch
+
+    if sys.byteorder != "little":
+        raise KilnError("writing safetensors needs a little-endian machine")
+    torch_dtype = _torch_dtype(dtype)
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, _ in entries:
+        size = math.prod(shape) * itemsize
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPE[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, shape, make in entries:
+            tensor = make().to(torch_dtype).contiguous()
+            if tuple(tensor.shape) != shape:
+                raise AssertionError(f"{name}: made {tuple(tensor.shape)}, declared {shape}")
+            f.write(tensor.view(torch.uint8).numpy().data)
+
+
+def _layer_shapes(spec: TinySpec, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    d, D = spec.hidden_size, spec.head_dim
+    p = f"model.layers.{i}."
+    return [
+        (p + "input_layernorm.weight", (d,)),
+        (p + "self_attn.q_proj.weight", (spec.num_heads * D, d)),
+        (p + "self_attn.k_proj.weight", (spec.num_kv_heads * D, d)),
+        (p + "self_attn.v_proj.weight", (spec.num_kv_heads * D, d)),
+        (p + "self_attn.o_proj.weight", (d, spec.num_heads * D)),
+        (p + "self_attn.q_norm.weight", (D,)),
+        (p + "self_attn.k_norm.weight", (D,)),
+        (p + "post_attention_layernorm.weight", (d,)),
+        (p + "mlp.gate_proj.weight", (spec.intermediate_size, d)),
+        (p + "mlp.up_proj.weight", (spec.intermediate_size, d)),
+        (p + "mlp.down_proj.weight", (d, spec.intermediate_size)),
+    ]
+
+
+def _param_shapes(spec: TinySpec, vocab: int, tied: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a dense Qwen3 checkpoint, as transformers names them."""
+    shapes = [("model.embed_tokens.weight", (vocab, spec.hidden_size))]
+    for i in range(spec.num_layers):
+        shapes += _layer_shapes(spec, i)
+    shapes.append(("model.norm.weight", (spec.hidden_size,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (vocab, spec.hidden_size)))
+    return shapes
+
+
+def param_count(spec: TinySpec, vocab: int | None = None) -> int:
+    """Parameters of the dense model a spec describes (lm_head counted once if tied)."""
+    shapes = _param_shapes(spec, vocab or spec.vocab_size, tied=True)
+    return sum(math.prod(shape) for _, shape in shapes)
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _seeded_entries(spec: TinySpec, vocab: int) -> list[_Entry]:
+    """normal(0, initializer_range) matrices, each from its own seeded generator;
+    norm weights one. The same distribution transformers' init draws from."""
+    import torch
+
+    def make(name: str, shape: tuple[int, ...]) -> Callable[[], Any]:
+        if len(shape) == 1:
+            return lambda: torch.ones(shape)
+
+        def draw() -> Any:
+            gen = torch.Generator().manual_seed(_tensor_seed(spec.seed, name))
+            out = torch.empty(shape)
+            return out.normal_(0.0, spec.initializer_range, generator=gen)
+
+        return draw
+
+    return [(n, s, make(n, s)) for n, s in _param_shapes(spec, vocab, tied=True)]
+
+
+def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> None:
+    """A dense Qwen3 folder whose weights are written tensor by tensor."""
+    from transformers import GenerationConfig
+
+    vocab = tokenizer.get_vocab_size()
+    config = _model_config(spec, tokenizer)
+    entries = _seeded_entries(spec, vocab)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.dtype = spec.dtype
+    config.save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
+    generation.do_sample = False
+    generation.save_pretrained(out)
+    _write_safetensors(out / "model.safetensors", entries, spec.dtype)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -186,12 +422,21 @@ def _stamp_matches(out: Path, print_: str) -> bool:
         return False
 
 
-def build(out: Path | None = None, hybrid: bool = False, corpus: Path = CORPUS) -> Path:
-    """Write the tiny model into ``out`` (default: under kiln's cache); return it.
+def build(
+    out: Path | None = None,
+    hybrid: bool = False,
+    corpus: Path = CORPUS,
+    spec: TinySpec | None = None,
+) -> Path:
+    """Write the model ``spec`` describes (default: the tiny one) into ``out``
+    (default: under kiln's cache); return it.
 
     A folder already holding the same fingerprint is reused as it is.
     """
-    spec = TinySpec(hybrid=hybrid)
+    spec = spec or TinySpec()
+    if hybrid:
+        spec = replace(spec, hybrid=True)
+    validate(spec)
     if not corpus.is_file():
         raise KilnError(f"tokenizer corpus {corpus} is missing")
     out = (out or default_out(spec)).resolve()
@@ -216,11 +461,14 @@ def build(out: Path | None = None, hybrid: bool = False, corpus: Path = CORPUS) 
     try:
         tokenizer = _train_tokenizer(spec, corpus)
         _write_tokenizer(tokenizer, tmp)
-        _write_model(spec, tokenizer, tmp)
-        _write_json(
-            tmp / STAMP,
-            {"fingerprint": print_, "spec": asdict(spec), "corpus": corpus.name},
-        )
+        stamp: dict[str, Any] = {
+            "fingerprint": print_, "spec": spec_dict(spec), "corpus": corpus.name,
+        }
+        if spec.init == "transformers":
+            _write_model(spec, tokenizer, tmp)
+        else:
+            _write_streamed(spec, tokenizer, tmp)
+        _write_json(tmp / STAMP, stamp)
         # mkdtemp and the safetensors writer make owner-only files; a model
         # folder is shared (CI users, servers running as another user).
         tmp.chmod(0o755)

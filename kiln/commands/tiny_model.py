@@ -3,6 +3,16 @@
 The folder serves with `vllm serve DIR`. Run with a Python that has torch,
 transformers and tokenizers (any vLLM environment does). The same spec and
 corpus give the same bytes; a folder already built from them is reused.
+
+Sizes (--size, then any size flag on top of it; vocabulary 512 throughout):
+  tiny   hidden 64, 2 layers, 2 heads / 1 KV head, head dim 32, fp32: the CPU
+         tier's model, from transformers' own init (the default)
+  d64    hidden 128, 2 layers, 2 heads / 1 KV head, head dim 64
+  d128   hidden 256, 2 layers, 4 heads / 2 KV heads, head dim 128
+  large  hidden 2048, 8 layers, 16 heads / 8 KV heads, head dim 128,
+         intermediate 6144, 40960 positions, bf16, init range 0.02: ~404M
+         parameters, ~0.8 GB, built in seconds in well under its size of RAM
+d64, d128 and large draw weights with --init seeded.
 """
 
 from __future__ import annotations
@@ -13,13 +23,51 @@ from pathlib import Path
 NAME = "tiny-model"
 HELP = "write a deterministic tiny Qwen3-architecture model + tokenizer to a folder"
 
+# Size flags: (flag, TinySpec field, help).
+_SIZE_FLAGS = (
+    ("--layers", "num_layers", "decoder layers"),
+    ("--hidden", "hidden_size", "hidden size"),
+    ("--heads", "num_heads", "query heads"),
+    ("--kv-heads", "num_kv_heads", "KV heads; must divide --heads (GQA)"),
+    ("--head-dim", "head_dim", "channels per head; even"),
+    ("--intermediate", "intermediate_size", "MLP intermediate size"),
+    ("--max-positions", "max_position_embeddings", "max_position_embeddings"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kiln import tinymodel
+
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
         help="folder to write (default: under kiln's cache, named by fingerprint)",
+    )
+    parser.add_argument(
+        "--size",
+        choices=list(tinymodel.PRESETS),
+        default="tiny",
+        help="named size the flags below start from (default tiny; see above)",
+    )
+    for flag, field, text in _SIZE_FLAGS:
+        parser.add_argument(
+            flag, type=int, default=None, metavar="N", dest=field,
+            help=f"{text} (default: the size's)",
+        )
+    parser.add_argument(
+        "--dtype",
+        choices=tinymodel.DTYPES,
+        default=None,
+        help="dtype of the saved weights and the config (default: the size's)",
+    )
+    parser.add_argument(
+        "--init",
+        choices=tinymodel.INITS,
+        default=None,
+        help="random weights from transformers' per-module init, or normal(0, range) "
+        "from a generator seeded per tensor, streamed to disk: fast and lean for "
+        "large sizes (default: the size's)",
     )
     parser.add_argument(
         "--hybrid",
@@ -29,9 +77,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
+    from kiln import tinymodel
+
+    overrides = {}
+    for _, field, _ in _SIZE_FLAGS:
+        if getattr(args, field) is not None:
+            overrides[field] = getattr(args, field)
+    for field in ("dtype", "init"):
+        if getattr(args, field) is not None:
+            overrides[field] = getattr(args, field)
+    if args.hybrid:
+        overrides["hybrid"] = True
+    spec = tinymodel.preset(args.size, **overrides)
+    tinymodel.validate(spec)
+    return spec
+
+
 def run(args: argparse.Namespace) -> int:
     from kiln import tinymodel
 
-    out = tinymodel.build(out=args.out, hybrid=args.hybrid)
+    out = tinymodel.build(out=args.out, spec=spec_from_args(args))
     print(out)
     return 0
