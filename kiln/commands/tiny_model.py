@@ -13,6 +13,16 @@ Sizes (--size, then any size flag on top of it; vocabulary 512 throughout):
          intermediate 6144, 40960 positions, bf16, init range 0.02: ~404M
          parameters, ~0.8 GB, built in seconds in well under its size of RAM
 d64, d128 and large draw weights with --init seeded.
+
+--copy makes a copying model instead of random weights: the greedy next token
+at position p is the token at p + 1 - P (P = --copy-period), fetched through
+attention from the KV-cache row P - 1 back, so a period of P tokens repeated
+(kiln.tinymodel.copy_prompt) continues exactly (copy_continuation). q and k
+are constant per head; RoPE phases and the q/k norm weights make the key P - 1
+back win by >= 20 nats over every other key within --max-positions (the
+build refuses a shape where it would not); values carry a +/-1 code per token
+that the untied lm_head reads. It stays exact with key noise ~0.1 and value
+noise ~0.5 (relative), as a 4-bit/2-bit KV cache adds.
 """
 
 from __future__ import annotations
@@ -75,10 +85,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Qwen3.5-style layout with linear-attention (Gated DeltaNet) layers; "
         "transformers runs it, vLLM's CPU fallback cannot serve it yet",
     )
+    parser.add_argument(
+        "--copy",
+        action="store_true",
+        help="a copying model (see above) instead of random weights",
+    )
+    parser.add_argument(
+        "--copy-period",
+        type=int,
+        default=None,
+        metavar="P",
+        help=f"with --copy: the period P, at most --max-positions "
+        f"(default {tinymodel.DEFAULT_COPY_PERIOD})",
+    )
 
 
 def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
     from kiln import tinymodel
+    from kiln.errors import KilnError
 
     overrides = {}
     for _, field, _ in _SIZE_FLAGS:
@@ -89,6 +113,12 @@ def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
             overrides[field] = getattr(args, field)
     if args.hybrid:
         overrides["hybrid"] = True
+    if args.copy_period is not None and not args.copy:
+        raise KilnError(f"--copy-period {args.copy_period}: only applies with --copy")
+    if args.copy:
+        overrides["copy_period"] = (
+            tinymodel.DEFAULT_COPY_PERIOD if args.copy_period is None else args.copy_period
+        )
     spec = tinymodel.preset(args.size, **overrides)
     tinymodel.validate(spec)
     return spec

@@ -139,6 +139,12 @@ def test_large_preset_is_about_400m_parameters() -> None:
         (["--heads", "3", "--kv-heads", "2"], ["--heads 3 --kv-heads 2", "multiple"]),
         (["--layers", "0"], ["--layers 0", "positive"]),
         (["--hidden", "-8"], ["--hidden -8", "positive"]),
+        (["--copy-period", "100"], ["--copy-period 100", "only applies with --copy"]),
+        (["--copy", "--copy-period", "1"], ["--copy-period 1", ">= 2"]),
+        (["--copy", "--copy-period", "5000"], ["--copy-period 5000", "--max-positions (4096)"]),
+        (["--copy", "--hidden", "40"], ["--hidden 40", "--hidden >= 49"]),
+        (["--copy", "--kv-heads", "1", "--head-dim", "16"], ["--head-dim 16", ">= 24"]),
+        (["--copy", "--hybrid"], ["--copy and --hybrid"]),
         (["--hybrid", "--init", "seeded"], ["--hybrid", "--init transformers"]),
     ],
 )
@@ -165,7 +171,7 @@ def test_bad_choices_are_refused_by_the_parser(argv: list, capsys) -> None:
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_help_explains_every_flag_and_the_sizes() -> None:
+def test_help_explains_every_flag_the_sizes_and_the_copy_model() -> None:
     from kiln.cli import build_parser
 
     parser = build_parser()
@@ -175,3 +181,4 @@ def test_help_explains_every_flag_and_the_sizes() -> None:
     text = sub.format_help()
     for name in tinymodel.PRESETS:
         assert f"  {name} " in text, name
+    assert "p + 1 - P" in text and "copy_prompt" in text
