@@ -28,7 +28,7 @@ from vllm.config import get_current_vllm_config_or_none
 from vllm.fork import kvarn_lifecycle
 from vllm.fork.kvarn_config import side_pool_plan
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
-from vllm.fork.plugin import KVARN_BACKEND
+from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
 from vllm.kvarn.sidepool import SidePool, cdiv
 from vllm.logger import init_logger
@@ -156,6 +156,9 @@ def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
     if reasons:
         raise ValueError(f"--kv-cache-dtype {selector.kv_cache_dtype}: the KVARN backend "
                          f"cannot serve this layer ({selector!r}): {', '.join(reasons)}")
+    # Idempotent: a caller that builds layers without vLLM's plugin loading
+    # (or with VLLM_PLUGINS excluding ours) still finds KVARN in the enum.
+    register()
     logger.info_once("Using KVARN attention backend for %s.", selector.kv_cache_dtype)
     return BACKEND_PATH
 
