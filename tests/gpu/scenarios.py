@@ -251,7 +251,9 @@ def hybrid(spec: dict[str, Any]) -> dict[str, Any]:
     rng = random.Random(3)
     vocab = _vocab(spec["model"])
     ids = [_random_ids(rng, n, vocab) for n in (200, 333, 512, 700)]
-    llm = _llm(spec, max_num_seqs=4)
+    # On Hopper upstream's "auto" GDN prefill is FlashInfer, which the bundle does
+    # not carry; Triton is upstream's portable path.
+    llm = _llm(spec, max_num_seqs=4, additional_config={"gdn_prefill_backend": "triton"})
     return {"tokens": _generate(llm, ids, _greedy(32, ignore_eos=True)), "vocab": vocab,
             **_pool(llm)}
 
