@@ -34,6 +34,8 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
     for name, run in runs.items():
         assert len(run["table"]) == 6, name
         for row in run["table"]:
+            # A non-positive step means the two timed runs measured something else.
+            assert row["ms_per_step"] > 0, (name, row)
             print(f"{name}: batch {row['batch']} x {row['context']}: "
                   f"{row['tokens_per_s']:.0f} tokens/s ({row['ms_per_step']:.2f} ms/step)")
     bf16 = runs["speed-auto"]["pool_tokens"]
