@@ -11,7 +11,9 @@ whose API model griffe builds statically (nothing is imported). Findings:
 - ``changed-signature``: a call whose arguments bind differently (or not at all);
 - ``override``: a fork method that no longer takes what its upstream base declares;
 - ``enum-collision``: a fork enum member whose value meets a new upstream member;
-- ``body-drift``: an upstream function a topic patches whose body changed.
+- ``body-drift``: an upstream function a topic patches whose body changed;
+- ``unparsed``: a file (fork or upstream) that does not parse here, so nothing in it
+  was checked: reported, never skipped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ast
 import difflib
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -31,8 +34,10 @@ from kiln.patching import apply_topic
 from kiln.series import Series, Topic
 from kiln.tomlfile import read_toml
 
-KINDS = ("removed-name", "changed-signature", "override", "enum-collision", "body-drift", "moved")
+KINDS = ("unparsed", "removed-name", "changed-signature", "override", "enum-collision", "body-drift",
+         "moved")
 OVERLAY_TOPIC = "(overlay)"
+UPSTREAM_TOPIC = "(upstream)"  # findings about an upstream file itself, not a topic's use of it
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _TOP_LEVEL_DEF = re.compile(r"^(?:async\s+def|def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=(?!=)", re.M)
 _ENUM_BASES = ("Enum", "IntEnum", "IntFlag", "Flag", "StrEnum")
@@ -65,6 +70,7 @@ class ApiModel:
         self.version = version
         self._modules: dict[str, Any] = {}
         self._definitions: dict[str, list[str]] | None = None
+        self.unparsed: list[Unparsable] = []
 
     def module_file(self, name: str) -> Path | None:
         base = self.root / name.replace(".", "/")
@@ -78,7 +84,12 @@ class ApiModel:
             import griffe
 
             path = self.module_file(name)
-            self._modules[name] = None if path is None else griffe.visit(name, path, path.read_text())
+            try:
+                self._modules[name] = None if path is None else griffe.visit(name, path, path.read_text())
+            except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+                # Reported as an ``unparsed`` finding, so what it hides is never just absent.
+                self.unparsed.append(Unparsable(f"{self.version}:{path.relative_to(self.root)}", e))
+                self._modules[name] = None
         return self._modules[name]
 
     def lookup(self, qualname: str, depth: int = 0):
@@ -293,11 +304,24 @@ class CodeUnit:
         return start is not None and any(n in self.lines for n in range(start, end + 1))
 
 
-def _parse(path: Path, label: str) -> ast.Module | None:
+class Unparsable(Exception):
+    """A file port-check cannot read; it becomes an ``unparsed`` finding, never a skip."""
+
+    def __init__(self, label: str, error: Exception):
+        super().__init__(f"{label}: {type(error).__name__}: {error}")
+        self.label = label
+
+    def finding(self, topic: str) -> Finding:
+        return Finding("unparsed", topic, self.label,
+                       f"{self}; port-check cannot see this file's uses, overrides or drift "
+                       f"(it parses with Python {sys.version_info.major}.{sys.version_info.minor})")
+
+
+def _parse(path: Path, label: str) -> ast.Module:
     try:
         return ast.parse(path.read_text(), filename=label)
-    except (SyntaxError, UnicodeDecodeError):
-        return None
+    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+        raise Unparsable(label, e) from None
 
 
 # --- resolving names in fork code ------------------------------------------
@@ -585,8 +609,12 @@ class PortCheck:
         new_file = self.new.module_file(unit.module)
         if old_file is None:
             return  # a file the series adds
-        old_tree = _parse(old_file, unit.path)
-        new_tree = _parse(new_file, unit.path) if new_file else None
+        try:
+            old_tree = _parse(old_file, f"{self.old.version}:{unit.path}")
+            new_tree = _parse(new_file, f"{self.new.version}:{unit.path}") if new_file else None
+        except Unparsable as e:
+            yield e.finding(unit.topic)
+            return
         seen: set[str] = set()
         for hunk in unit.hunks:
             anchor = _enclosing(unit.tree, hunk.span)
@@ -752,8 +780,10 @@ def _body_text(node) -> str:
 # --- the whole run --------------------------------------------------------
 
 
-def series_units(pristine: Path, series: Series, work: Path) -> list[CodeUnit]:
-    """Apply the series to a copy of ``pristine`` topic by topic; keep each topic's added code."""
+def series_units(pristine: Path, series: Series, work: Path,
+                 unparsed: list[Finding]) -> list[CodeUnit]:
+    """Apply the series to a copy of ``pristine`` topic by topic; keep each topic's added code.
+    Files that do not parse go to ``unparsed``."""
     tree = work / "tree"
     # Topics may only touch vllm/ (the wheel rule), so only that folder is copied.
     shutil.copytree(pristine / "vllm", tree / "vllm", symlinks=True)
@@ -767,16 +797,20 @@ def series_units(pristine: Path, series: Series, work: Path) -> list[CodeUnit]:
             if not path.endswith(".py"):
                 continue
             text = (tree / path).read_text()
-            parsed = _parse(tree / path, path)
-            if parsed is None:
+            try:
+                parsed = _parse(tree / path, path)
+            except Unparsable as e:
+                unparsed.append(e.finding(topic.name))
                 continue
             lines = {n for h in hunks for n in h.added}
             units.append(CodeUnit(topic.name, path, _module_name(path), parsed, text, lines, hunks))
     return units
 
 
-def overlay_units(overlays: list[tuple[Path, str]], series: Series) -> list[CodeUnit]:
-    """Every overlay module, named after the topic whose added lines import it."""
+def overlay_units(overlays: list[tuple[Path, str]], series: Series,
+                  unparsed: list[Finding]) -> list[CodeUnit]:
+    """Every overlay module, named after the topic whose added lines import it; files
+    that do not parse go to ``unparsed``."""
     units = []
     for folder, package in overlays:
         for path in sorted(folder.rglob("*.py")):
@@ -784,11 +818,13 @@ def overlay_units(overlays: list[tuple[Path, str]], series: Series) -> list[Code
                 continue
             rel = path.relative_to(folder).as_posix()
             module = _module_name(f"{package.replace('.', '/')}/{rel}")
-            parsed = _parse(path, rel)
-            if parsed is None:
-                continue
             label = f"{folder.name}/{rel}"
             topic = next((t.name for t in series.topics if _mentions(t, module)), OVERLAY_TOPIC)
+            try:
+                parsed = _parse(path, label)
+            except Unparsable as e:
+                unparsed.append(e.finding(topic))
+                continue
             units.append(CodeUnit(topic, label, module, parsed, path.read_text(), None))
     return units
 
@@ -802,18 +838,21 @@ def port_check(old_root: Path, old_version: str, new_root: Path, new_version: st
                series: Series, overlays: list[tuple[Path, str]]) -> list[Finding]:
     """All findings for moving ``series`` (+ overlays) from the old tree to the new one."""
     with tempfile.TemporaryDirectory(prefix="kiln-port-check-") as tmp:
-        units = series_units(old_root, series, Path(tmp))
+        unparsed: list[Finding] = []
+        units = series_units(old_root, series, Path(tmp), unparsed)
         patched = ApiModel(Path(tmp) / "tree", f"{old_version}+series")
-        overlay = overlay_units(overlays, series)
+        overlay = overlay_units(overlays, series, unparsed)
         check = PortCheck(ApiModel(old_root, old_version), ApiModel(new_root, new_version), patched,
                           {u.module for u in overlay})
-        findings: set[Finding] = set()
+        findings: set[Finding] = set(unparsed)
         for unit in [*units, *overlay]:
             for use in uses(unit):
                 findings.update(check.check_use(use))
             findings.update(check.check_overrides(unit))
             findings.update(check.check_enums(unit))
             findings.update(check.check_drift(unit))
+        for model in (check.old, check.new, patched):
+            findings.update(e.finding(UPSTREAM_TOPIC) for e in model.unparsed)
     first: dict[tuple[str, str, str], Finding] = {}
     for finding in sorted(findings, key=lambda f: (KINDS.index(f.kind), f.topic, f.where, _site_line(f))):
         first.setdefault(finding.key(), finding)  # one finding per name and place: its first use

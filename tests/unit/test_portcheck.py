@@ -168,3 +168,27 @@ def test_an_unchanged_upstream_gives_no_findings(tmp_path):
                          "    def propose(self, batch, dp_sync=None):\n        return State().make([], None, 5)\n"},
     )
     assert findings == []
+
+
+def test_an_overlay_file_that_does_not_parse_is_a_finding_not_a_skip(tmp_path):
+    findings = run_check(tmp_path, old={"vllm/util.py": "def plan(x):\n    return x\n"},
+                         new={"vllm/util.py": "def plan(x):\n    return x\n"},
+                         overlay={"hook": "from vllm.util import plan\n\n\ndef go(:\n    pass\n"})
+    assert kinds(findings) == ["unparsed"]
+    assert findings[0].topic == "topic1" and findings[0].where == "vllm/fork/hook.py"
+    assert "SyntaxError" in findings[0].detail
+
+
+def test_a_new_upstream_module_that_does_not_parse_is_named(tmp_path):
+    findings = run_check(tmp_path, old={"vllm/util.py": "def plan(x):\n    return x\n"},
+                         new={"vllm/util.py": "def plan(x:\n    return x\n"},
+                         overlay={"hook": "from vllm.util import plan\n"})
+    unparsed = [f for f in findings if f.kind == "unparsed"]
+    assert [f.where for f in unparsed] == ["2.0:vllm/util.py"], findings
+    assert kinds(findings)[0] == "unparsed"
+
+
+def test_a_patched_upstream_file_whose_new_version_does_not_parse_is_named(tmp_path):
+    findings = run_check(tmp_path, old={"vllm/out.py": OUT_OLD}, new={"vllm/out.py": "class State(:\n"},
+                         topic_edits={"vllm/out.py": OUT_TOPIC})
+    assert ("unparsed", "topic1", "2.0:vllm/out.py") in [(f.kind, f.topic, f.where) for f in findings]

@@ -46,7 +46,7 @@ to = "3.0"
 
 
 @pytest.mark.parametrize("entry, message", [
-    ('kind = "drift"\ntopic = "t"\nwhere = "w"\nreason = "r"', "kind 'drift'; allowed: removed-name"),
+    ('kind = "drift"\ntopic = "t"\nwhere = "w"\nreason = "r"', "kind 'drift'; allowed: unparsed, removed-name"),
     ('kind = "moved"\ntopic = "t"\nwhere = "w"', "lacks reason"),
     ('kind = "moved"\ntopic = "t"\nwhere = "w"\nreason = "r"\nwhy = "x"', "unknown key"),
 ])
