@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
 from kiln.git import git
 from kiln.materialize import export, fork_branch, materialize
 from kiln.patching import PatchFailed, apply_series_into
+from kiln.paths import REPO_ROOT
 from kiln.pristine import PristineTree
 from kiln.series import Series
 from kiln.treediff import differing_files
@@ -29,8 +31,13 @@ class VerifyReport:
 
 
 def verify(pristine: PristineTree, patches: Path, *, branch_repo: Path | None = None,
-           wheel_files: list[str] | None = None, root: Path | None = None, log=print) -> VerifyReport:
-    """Run every check; each lands in the report, none stops the others."""
+           wheel_files: list[str] | None = None, root: Path | None = None,
+           fa2: Snapshot | None = None, log=print) -> VerifyReport:
+    """Run every check; each lands in the report, none stops the others.
+
+    With ``fa2``, the patched tree's and the overlay's calls into the compiled attention
+    ops must bind to those schemas.
+    """
     report = VerifyReport()
     try:
         series = Series.load(patches)
@@ -59,6 +66,11 @@ def verify(pristine: PristineTree, patches: Path, *, branch_repo: Path | None = 
         except PatchFailed as e:
             report.add("series applies at fuzz 0", False, str(e))
             return report
+        if fa2 is not None:
+            calls = check_calls([(applied, UPSTREAM_SCAN), (root or REPO_ROOT, FORK_SCAN)], fa2)
+            report.add("calls into the compiled attention ops bind to their schemas", calls.ok,
+                       "\n".join(calls.errors) or f"{len(calls.checked)} call(s) checked "
+                       f"against {fa2.count} schemas of vLLM {fa2.version}")
 
         repo = branch_repo
         if repo is None:
