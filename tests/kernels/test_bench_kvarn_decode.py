@@ -1,0 +1,37 @@
+"""bench/kvarn_decode.py runs end to end (--smoke: tiny shapes, the interpreter on a CPU),
+so a GPU session never spends device time on a benchmark that no longer starts."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "kvarn_decode.py"
+
+
+def test_smoke_run_writes_a_complete_table(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--presets", "kvarn_k4v2_g128",
+         "--head-dims", "256", "--gqa", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["decode"]
+    assert [(r["head_dim"], r["batch"], r["context"]) for r in rows] == [(256, 1, 520), (256, 2, 300)]
+    for r in rows:
+        assert r["kvarn_ms"] > 0 and r["fp16_triton_ms"] > 0 and r["sdpa_ms"] > 0
+        assert r["fp16_triton_vs_sdpa_maxabs"] < 2e-3  # the fp16 baseline computes attention
+        assert 0 < r["roofline_kvarn_ms"] < r["roofline_fp16_ms"]  # the format reads fewer bytes
+    (flush,) = result["flush"]
+    assert flush["head_dim"] == 256 and flush["tiles"] == 8 * 8
+    assert "targets:" in run.stdout and "kvarn_k4v2_g128  256" in run.stdout
+
+
+def test_bad_arguments_are_refused_naming_what_is_allowed():
+    run = subprocess.run([sys.executable, str(BENCH), "--head-dims", "96"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "invalid choice: 96" in run.stderr
+    run = subprocess.run([sys.executable, str(BENCH), "--smoke", "--repeats", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "allowed: 1 or more" in run.stderr
