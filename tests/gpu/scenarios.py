@@ -299,6 +299,54 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         server.stop()
 
 
+def profile(spec: dict[str, Any]) -> dict[str, Any]:
+    """`vllm serve --kiln-profile ctx=huge,spec=ngram,prefix-cache` on the copy model:
+    the resolved arguments from the start-up log, exact copies through the server, and
+    tokens per step from the server's spec-decode counters."""
+    import re
+    import urllib.request
+
+    from kiln import tinymodel
+    from tests.e2e.vllm_server import VllmServer
+
+    model = spec["model"]
+    period = tinymodel.read_spec(Path(model)).copy_period
+    server = VllmServer(
+        model=model, log_path=Path(spec["log_dir"]) / "profile.log",
+        env={"VLLM_TARGET_DEVICE": "cuda"},
+        args=["--dtype", "bfloat16", "--kiln-profile", spec["profile"],
+              "--max-model-len", "4096", "--gpu-memory-utilization", "0.04",
+              "--kv-cache-memory-bytes", str(GIB), "--max-num-seqs", "8",
+              "--enforce-eager"])
+    server.start(timeout=600)
+    try:
+        prompts = [tinymodel.copy_prompt(model, n, seed=n) for n in (300, 700, 1200, 2000)]
+        broken = 0
+        for ids in prompts:
+            body = json.dumps({"model": model, "prompt": ids, "max_tokens": 96,
+                               "temperature": 0.0, "return_token_ids": True}).encode()
+            request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=300) as r:
+                got = json.loads(r.read())["choices"][0]["token_ids"]
+            broken += got != tinymodel.copy_continuation(ids, 96, period)
+        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+
+        def counter(name: str) -> float:
+            return sum(float(v) for v in re.findall(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$",
+                                                    metrics, re.M))
+
+        log = server.log_text()
+        resolved = re.search(r"--kiln-profile \S+ resolved: (.*)", log)
+        return {"resolved": resolved.group(1) if resolved else None, "broken": broken,
+                "prompts": len(prompts), "kvarn_backend": "Using KVARN attention backend" in log,
+                "drafts": counter("spec_decode_num_drafts_total"),
+                "accepted": counter("spec_decode_num_accepted_tokens_total")}
+    finally:
+        server.stop()
+
+
 def speed(spec: dict[str, Any]) -> dict[str, Any]:
     """Decode tokens/s at each batch x context on the larger model, alone on the GPU:
     one prefill of the longest prompts, then for each shape a warm-up, a 1-token and a
@@ -331,7 +379,7 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (parity, kvarn_copy, agreement, noise_reference,
-                                      hybrid, serve, speed)}
+                                      hybrid, serve, profile, speed)}
 
 
 def main() -> int:

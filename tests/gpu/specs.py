@@ -61,6 +61,8 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
         SHARED, kv_cache_dtype=dt, mode="eager", max_num_batched_tokens=1024))
        for dt in ("auto", "kvarn_k4v2_g128")},
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
+    "profile-huge-ngram": ("profile", "copy128",
+                           dict(profile="ctx=huge,spec=ngram,prefix-cache")),
     **{f"speed-{dt}": ("speed", "large", dict(
         kv_cache_dtype=dt, mode="graphs", gpu_memory_utilization=0.85,
         max_model_len=16384 + 256, batches=[1, 8, 64], contexts=[4096, 16384],

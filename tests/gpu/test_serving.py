@@ -21,6 +21,18 @@ def test_vllm_serve_with_api_key_residue_sweep_and_copy_probe(scenario):
     assert copy["exit"] == 0 and copy["broken"] == 0, copy
 
 
+@pytest.mark.scenarios("profile-huge-ngram")
+def test_kiln_profile_huge_ngram_serves_kvarn_with_speculation(scenario):
+    run = scenario("profile-huge-ngram")
+    assert "--kv-cache-dtype kvarn_k4v2_g128" in run["resolved"], run["resolved"]
+    assert run["kvarn_backend"] and run["broken"] == 0, run
+    # The copy model repeats its context, so n-gram drafts are nearly all accepted.
+    tokens_per_step = 1 + run["accepted"] / run["drafts"]
+    print(f"kiln-profile ctx=huge,spec=ngram: {tokens_per_step:.2f} tokens per step "
+          f"({run['accepted']:.0f} accepted over {run['drafts']:.0f} drafts)")
+    assert run["drafts"] > 0 and tokens_per_step > 2.0
+
+
 SPEED = ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128")
 
 
