@@ -38,7 +38,6 @@ KINDS = ("unparsed", "removed-name", "changed-signature", "override", "enum-coll
          "moved")
 OVERLAY_TOPIC = "(overlay)"
 UPSTREAM_TOPIC = "(upstream)"  # findings about an upstream file itself, not a topic's use of it
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _TOP_LEVEL_DEF = re.compile(r"^(?:async\s+def|def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=(?!=)", re.M)
 _ENUM_BASES = ("Enum", "IntEnum", "IntFlag", "Flag", "StrEnum")
 
@@ -245,43 +244,8 @@ class Hunk:
 
 def topic_hunks(topic: Topic) -> list[Hunk]:
     """Added lines and change spans of each hunk, on the topic's new side."""
-    hunks: list[Hunk] = []
-    path = None
-    lines = topic.diff.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("+++ "):
-            path = None if line.startswith("+++ /dev/null") else line[6:].strip()
-        elif (m := _HUNK.match(line)) and path is not None:
-            old_left = int(m.group(2) or 1)
-            new_left = int(m.group(4) or 1)
-            number = int(m.group(3))
-            added: list[int] = []
-            changed: list[int] = []
-            i += 1
-            while i < len(lines) and (old_left > 0 or new_left > 0):
-                body = lines[i]
-                if body.startswith("+"):
-                    added.append(number)
-                    changed.append(number)
-                    number += 1
-                    new_left -= 1
-                elif body.startswith("-"):
-                    changed.append(number)
-                    old_left -= 1
-                elif body.startswith("\\"):
-                    pass
-                else:
-                    number += 1
-                    old_left -= 1
-                    new_left -= 1
-                i += 1
-            if changed:
-                hunks.append(Hunk(path, added, (min(changed), max(changed))))
-            continue
-        i += 1
-    return hunks
+    return [Hunk(f.new_path, [n for n, _ in h.added()], (min(h.changed()), max(h.changed())))
+            for f in topic.file_diffs() if f.new_path for h in f.hunks if h.changed()]
 
 
 @dataclass

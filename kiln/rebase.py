@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kiln.diff import parse_diff
 from kiln.errors import KilnError
 from kiln.git import DIFF_OPTIONS, git, git_env, is_dirty
 from kiln.materialize import fork_branch, upstream_tag
@@ -264,14 +265,9 @@ def retire_question(repo: Path, commit: str, new: str) -> str:
     return ""
 
 
-def _added_lines(diff: str) -> list[tuple[str, str]]:
-    out, path = [], None
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            path = line[6:] if line.startswith("+++ b/") else None
-        elif line.startswith("+") and path and line[1:].strip():
-            out.append((path, line[1:].strip()))
-    return out
+def _added_lines(text: str) -> list[tuple[str, str]]:
+    return [(f.new_path, line.strip()) for f in parse_diff(text) if f.new_path
+            for h in f.hunks for _, line in h.added() if line.strip()]
 
 
 def write_report(repo: Path, report: RebaseReport) -> Path:

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.diff import FileDiff, parse_diff
 from kiln.errors import KilnError
 from kiln.paths import REPO_ROOT
 
@@ -29,8 +30,6 @@ HEADER_FIELDS = ("Topic", "Kind", "What", "Upstream", "Cut-against", "Retires-wh
 KINDS = ("fix", "feature", "backport", "own", "local")
 SEPARATOR = "---\n"
 PATCH_NAME = re.compile(r"^(?P<number>\d{4})-(?P<topic>[a-z0-9][a-z0-9_.-]*)\.patch$")
-_DIFF_PATH = re.compile(r"^\+\+\+ (?:b/(?P<path>\S+)|/dev/null)")
-_DIFF_OLD = re.compile(r"^--- (?:a/(?P<path>\S+)|/dev/null)")
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,10 @@ class Topic:
 
     def files(self) -> list[str]:
         """Upstream paths the diff touches (old and new names)."""
-        paths: list[str] = []
-        for line in self.diff.splitlines():
-            m = _DIFF_OLD.match(line) or _DIFF_PATH.match(line)
-            if m and m.group("path") and m.group("path") not in paths:
-                paths.append(m.group("path"))
-        return paths
+        return list(dict.fromkeys(p for f in self.file_diffs() for p in f.paths))
+
+    def file_diffs(self) -> list[FileDiff]:
+        return parse_diff(self.diff, self.path.name)
 
     def text(self) -> str:
         return self.message + "\n" + SEPARATOR + self.diff
