@@ -27,7 +27,8 @@ from pathlib import Path
 from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
 from kiln.pinbump import sdist_tree
-from kiln.portcheck import judge, load_acceptances, port_check
+from kiln.portcheck import port_check
+from kiln.portcheck.accept import judge, load_acceptances
 from kiln.series import Series
 from kiln.wheel import OVERLAY_DIRS
 

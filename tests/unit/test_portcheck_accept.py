@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kiln.errors import KilnError
-from kiln.portcheck import Finding, judge, load_acceptances
+from kiln.portcheck import Finding
+from kiln.portcheck.accept import judge, load_acceptances
 
 DRIFT = Finding("body-drift", "prompt-progress", "vllm/x.py::f", "f changed")
 MOVED = Finding("moved", "fork-identity", "vllm/y.py::g", "g moved")
