@@ -1,4 +1,4 @@
-"""The topic series: ``patches/series`` (apply order) and one patch per topic.
+"""The topic series: ``patches/<version>/series`` (apply order) and one patch per topic.
 
 A patch file is the topic's header (the commit message in the git view), a line
 ``---``, then a git-style unified diff against the upstream source root::
@@ -29,6 +29,7 @@ from kiln.paths import REPO_ROOT
 HEADER_FIELDS = ("Topic", "Kind", "What", "Upstream", "Cut-against", "Retires-when")
 KINDS = ("fix", "feature", "backport", "own", "local")
 SEPARATOR = "---\n"
+VERSION_DIR = re.compile(r"^\d+\.\d+\.\d+$")
 PATCH_NAME = re.compile(r"^(?P<number>\d{4})-(?P<topic>[a-z0-9][a-z0-9_.-]*)\.patch$")
 
 
@@ -118,8 +119,10 @@ class Series:
         return self.directory / "series"
 
     @classmethod
-    def load(cls, directory: Path = REPO_ROOT / "patches") -> Series:
-        """Read ``series`` and its patches; entries and files must agree both ways."""
+    def load(cls, directory: Path | None = None) -> Series:
+        """Read ``series`` and its patches (default: the lock's default pin's series);
+        entries and files must agree both ways."""
+        directory = directory or series_dir()
         series_file = directory / "series"
         if not series_file.exists():
             raise KilnError(f"{series_file}: missing; it lists the patches in apply order")
@@ -150,6 +153,28 @@ class Series:
             if t.name == name:
                 return t
         raise KilnError(f"no topic {name!r}; topics: {', '.join(t.name for t in self.topics)}")
+
+
+def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
+    """``patches/<version>/``: the series cut against that upstream pin (default: the
+    lock's default). Each carried pin has its own folder, so every command reads the
+    series of the pin it is asked about and none is left unread."""
+    from kiln.lock import UpstreamLock
+
+    version = version or UpstreamLock.load(root / "requirements" / "upstream.lock").default
+    path = root / "patches" / version
+    if not (path / "series").is_file():
+        carried = ", ".join(carried_versions(root)) or "none"
+        raise KilnError(f"no series for vLLM {version}: {path / 'series'} does not exist "
+                        f"(carried pins: {carried})")
+    return path
+
+
+def carried_versions(root: Path = REPO_ROOT) -> list[str]:
+    """Every pin with a series folder under ``patches/``, oldest first."""
+    found = [p.name for p in (root / "patches").iterdir()
+             if VERSION_DIR.match(p.name) and (p / "series").is_file()]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def parse_series_file(text: str) -> list[str]:

@@ -31,7 +31,7 @@ from kiln.metadata import dist_info_files, dist_info_name, upstream_dist_info
 from kiln.paths import REPO_ROOT
 from kiln.patching import apply_series
 from kiln.pins import PinChanges
-from kiln.series import Series, Topic
+from kiln.series import Series, Topic, series_dir
 from kiln.version import fork_version, version_tuple
 
 OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"))  # repo folder -> wheel folder
@@ -166,11 +166,14 @@ def _entries(source: zipfile.ZipFile, replaced: dict[str, bytes | None],
         yield name, FILE_MODE, added[name]
 
 
-def build_wheel(out_dir: Path, *, root: Path = REPO_ROOT, log=print) -> WheelBuild:
+def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_ROOT,
+                log=print) -> WheelBuild:
+    """The fork wheel for ``version`` (default: the lock's default): its pristine wheel
+    plus ``patches/<version>/`` plus the overlay."""
     started = time.monotonic()
     lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
-    release = lock.release()
-    series = Series.load(root / "patches")
+    release = lock.release(version)
+    series = Series.load(series_dir(release.version, root))
     problems = series.problems()
     if problems:
         raise KilnError("refusing to build: incomplete patch headers:\n  " + "\n  ".join(problems))

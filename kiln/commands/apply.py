@@ -13,7 +13,7 @@ from pathlib import Path
 from kiln.fetch import fetch
 from kiln.patching import apply_series_into
 from kiln.pristine import PristineTree
-from kiln.series import Series
+from kiln.series import Series, series_dir
 
 NAME = "apply"
 HELP = "pristine upstream + the series, into a new folder"
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     pristine = PristineTree.from_files(fetch(args.version))
-    series = Series.load()
+    series = Series.load(series_dir(pristine.version))
 
     def progress(topic, offsets):
         print(f"applied {topic.name}")

@@ -24,12 +24,14 @@ HELP = "build the fork wheel into dist/"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "dist",
                         help="output folder (default: dist/)")
+    parser.add_argument("--version", help="upstream pin to build on, with its series "
+                        "patches/<version>/ (default: the lock's default)")
     parser.add_argument("--no-xgrammar", action="store_true",
                         help="build only the vllm wheel (the xgrammar build takes minutes cold)")
 
 
 def run(args: argparse.Namespace) -> int:
-    build = build_wheel(args.out)
+    build = build_wheel(args.out, version=args.version)
     print(f"built {build.path} in {build.seconds:.0f} s "
           f"({len(build.topics)} topic(s), {len(build.patched)} patched file(s), "
           f"{len(build.added)} added file(s))")

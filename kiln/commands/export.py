@@ -15,17 +15,21 @@ from kiln.materialize import export
 from kiln.paths import REPO_ROOT
 
 NAME = "export"
-HELP = "rewrite patches/ from a materialized branch"
+HELP = "rewrite patches/<version>/ from a materialized branch"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="the materialized repository")
+    parser.add_argument("--version", help="whose branch (fork/<version>) to export into "
+                        "patches/<version>/ (default: the lock's default; a rebase exports "
+                        "its --onto version)")
 
 
 def run(args: argparse.Namespace) -> int:
-    version = UpstreamLock.load().default
-    result = export(args.source, version, REPO_ROOT / "patches")
+    version = UpstreamLock.load().release(args.version).version
+    result = export(args.source, version, REPO_ROOT / "patches" / version)
+    print(f"exported fork/{version} into patches/{version}/")
     for name in result.written:
         print(f"wrote {name}")
     for name in result.removed:

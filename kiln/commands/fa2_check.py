@@ -20,7 +20,7 @@ from kiln.lock import UpstreamLock
 from kiln.patching import apply_series_into
 from kiln.paths import REPO_ROOT
 from kiln.pristine import PristineTree
-from kiln.series import Series
+from kiln.series import Series, series_dir
 
 NAME = "fa2-check"
 HELP = "check that every call into the compiled attention ops binds to its pinned schema"
@@ -43,13 +43,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         pristine = PristineTree.from_files(fetch(version, lock=lock))
         with tempfile.TemporaryDirectory() as tmp:
-            tree = pristine.root
-            if version == lock.default:
-                tree = Path(tmp) / "applied"
-                apply_series_into(pristine.root, Series.load(), tree)
-            else:  # the series is cut against the default pin only
-                print(f"vLLM {version} is not the default pin {lock.default}: checking its "
-                      "pristine tree without the series")
+            tree = Path(tmp) / "applied"
+            apply_series_into(pristine.root, Series.load(series_dir(version)), tree)
             report = check_calls([(tree, UPSTREAM_SCAN), (REPO_ROOT, FORK_SCAN)], snapshot)
     for error in report.errors:
         print(f"FAIL {error}")

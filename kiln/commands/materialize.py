@@ -3,7 +3,7 @@
 The first commit is the pristine sdist tree, tagged v<version>; then one
 commit per topic, in series order, on branch fork/<version>, each with the
 patch header as its message. Edit there (commit --amend, rebase -i), then
-`python -m kiln export --from DIR`.
+`python -m kiln export --from DIR [--version V]`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from kiln.fetch import fetch
 from kiln.materialize import fork_branch, materialize
 from kiln.pristine import PristineTree
-from kiln.series import Series
+from kiln.series import Series, series_dir
 
 NAME = "materialize"
 HELP = "git repository: pristine tag + one commit per topic"
@@ -22,11 +22,12 @@ HELP = "git repository: pristine tag + one commit per topic"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--into", type=Path, required=True, help="new folder for the repository")
+    parser.add_argument("--version", help="upstream version whose series to use (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    pristine = PristineTree.from_files(fetch())
-    series = Series.load()
+    pristine = PristineTree.from_files(fetch(args.version))
+    series = Series.load(series_dir(pristine.version))
     print(f"materializing vLLM {pristine.version} + {len(series.topics)} topic(s) in {args.into}")
     materialize(pristine.root, pristine.version, series, args.into)
     print(f"branch {fork_branch(pristine.version)} ready in {args.into}")

@@ -29,7 +29,7 @@ from kiln.paths import REPO_ROOT
 from kiln.pinbump import sdist_tree
 from kiln.portcheck import port_check
 from kiln.portcheck.accept import judge, load_acceptances
-from kiln.series import Series
+from kiln.series import Series, series_dir
 from kiln.wheel import OVERLAY_DIRS
 
 NAME = "port-check"
@@ -39,7 +39,7 @@ HELP = "find what moving the series to a new upstream breaks (names, signatures,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="old", help="upstream version the series is cut against (default: the lock's default)")
     parser.add_argument("--to", dest="new", required=True, help="upstream version to port to")
-    parser.add_argument("--patches", type=Path, default=REPO_ROOT / "patches", help="series folder (default: patches/)")
+    parser.add_argument("--patches", type=Path, help="series folder (default: patches/<--from>/)")
     parser.add_argument("--accept", type=Path, help="TOML file of accepted findings (e.g. requirements/port-check-accept.toml)")
     parser.add_argument("--json", type=Path, help="write every finding as a JSON list to this file")
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     lock = UpstreamLock.load()
     old_version = args.old or lock.default
     old, new = sdist_tree(old_version, lock), sdist_tree(args.new, lock)
-    series = Series.load(args.patches)
+    series = Series.load(args.patches or series_dir(old_version))
     overlays = [(REPO_ROOT / folder, target.replace("/", ".")) for folder, target in OVERLAY_DIRS]
     findings = port_check(old, old_version, new, args.new, series, overlays)
     acceptances = load_acceptances(args.accept, args.new) if args.accept else []

@@ -11,7 +11,8 @@ reports the topic, files, conflicting hunks and whether upstream already holds
 the change ("retire?"). Resolve, then `kiln rebase --continue --repo DIR`, or
 retire the topic with `--skip`. The report (report.json, report.md and the
 `git range-diff` of old vs new branch) is in DIR/.git/kiln-rebase/.
-Then `kiln export --from DIR` writes the re-cut series.
+Then `kiln export --from DIR --version 0.33.0` writes the re-cut series into
+patches/0.33.0/.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from pathlib import Path
 from kiln.errors import KilnError
 from kiln.lock import UpstreamLock
 from kiln.materialize import materialize
-from kiln.paths import REPO_ROOT
 from kiln.pinbump import sdist_tree
 from kiln.rebase import RebaseReport, resume, start, state_dir
-from kiln.series import Series
+from kiln.series import Series, series_dir
 
 NAME = "rebase"
 HELP = "rebase the series onto a new upstream version; record every stop"
@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     action.add_argument("--continue", dest="resume", action="store_true", help="continue after resolving a stop")
     action.add_argument("--skip", action="store_true", help="retire the stopped topic and continue")
     parser.add_argument("--repo", type=Path, required=True, help="materialized repository (created if missing)")
-    parser.add_argument("--patches", type=Path, default=REPO_ROOT / "patches",
-                        help="series to materialize when --repo does not exist (default: patches/)")
+    parser.add_argument("--patches", type=Path,
+                        help="series to materialize when --repo does not exist "
+                             "(default: patches/<--from>/)")
     parser.add_argument("--from", dest="old", help="version the series is cut against (default: the lock's default)")
 
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         new_tree = sdist_tree(args.onto, lock)
         if not args.repo.exists():
             print(f"materializing the series at {old} in {args.repo}")
-            materialize(sdist_tree(old, lock), old, Series.load(args.patches), args.repo)
+            materialize(sdist_tree(old, lock), old, Series.load(args.patches or series_dir(old)), args.repo)
         report = start(args.repo, old, args.onto, new_tree)
     else:
         report = resume(args.repo, skip=args.skip)
@@ -70,6 +71,7 @@ def _print(repo: Path, report: RebaseReport) -> int:
             print(f"  retire? {stop.retire}")
         print(f"resolve in {repo}, then `python -m kiln rebase --continue --repo {repo}` (or --skip)")
     else:
-        print(f"\nfork/{report.new} is ready in {repo}")
+        print(f"\nfork/{report.new} is ready in {repo}; write it to patches/{report.new}/ with "
+              f"`python -m kiln export --from {repo} --version {report.new}`")
     print(f"report: {state_dir(repo)}/report.md (+ report.json, range-diff.txt)")
     return 1 if report.state == "stopped" else 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.errors import KilnError
 from kiln.paths import REPO_ROOT
-from kiln.series import Series
+from kiln.lock import UpstreamLock
+from kiln.series import Series, series_dir
 from kiln.topics import topics_table, update_readme
 
 NAME = "topics"
@@ -14,12 +16,17 @@ HELP = "the carried topics as a Markdown table"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update-readme", action="store_true",
-                        help="rewrite the generated table in README.md")
+                        help="rewrite the generated table in README.md (the default pin's)")
+    parser.add_argument("--version", help="upstream version whose series to use (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    series = Series.load()
+    default = UpstreamLock.load().default
+    series = Series.load(series_dir(args.version or default))
     if args.update_readme:
+        if args.version not in (None, default):
+            raise KilnError(f"--update-readme: README.md lists the default pin's topics "
+                            f"({default}), not {args.version}'s")
         readme = REPO_ROOT / "README.md"
         readme.write_text(update_readme(readme.read_text(), series))
         print(f"updated the topics table in {readme}")

@@ -13,10 +13,12 @@ import argparse
 import zipfile
 from pathlib import Path
 
+from kiln.errors import KilnError
 from kiln.fa2 import Snapshot
 from kiln.fetch import fetch
-from kiln.paths import REPO_ROOT
+from kiln.lock import UpstreamLock
 from kiln.pristine import PristineTree
+from kiln.series import carried_versions, series_dir
 from kiln.verify import verify
 
 NAME = "verify"
@@ -26,17 +28,29 @@ HELP = "prove the series applies and round-trips exactly"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch-repo", type=Path,
                         help="compare against this materialized repository's branch")
+    parser.add_argument("--version", action="append", dest="versions",
+                        help="pin to verify, repeatable (default: the lock's default); "
+                             "'all' verifies every pin with a series under patches/")
 
 
 def run(args: argparse.Namespace) -> int:
-    files = fetch()
-    with zipfile.ZipFile(files.wheel) as wheel:
-        wheel_files = wheel.namelist()
-    report = verify(PristineTree.from_files(files), REPO_ROOT / "patches",
-                    branch_repo=args.branch_repo, wheel_files=wheel_files,
-                    fa2=Snapshot.load(files.release.version))
-    for name, ok, detail in report.checks:
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-        if detail and (not ok or "offset" in detail or "checked" in detail):
-            print("     " + detail.replace("\n", "\n     "))
-    return 0 if report.ok else 1
+    versions = args.versions or [UpstreamLock.load().default]
+    if "all" in versions:
+        versions = carried_versions()
+    if args.branch_repo and len(versions) > 1:
+        raise KilnError("--branch-repo compares one pin's branch; give one --version with it")
+    ok = True
+    for version in versions:
+        files = fetch(version)
+        with zipfile.ZipFile(files.wheel) as wheel:
+            wheel_files = wheel.namelist()
+        print(f"vLLM {version}: patches/{version}/")
+        report = verify(PristineTree.from_files(files), series_dir(version),
+                        branch_repo=args.branch_repo, wheel_files=wheel_files,
+                        fa2=Snapshot.load(version))
+        for name, passed, detail in report.checks:
+            print(f"{'ok  ' if passed else 'FAIL'} {name}")
+            if detail and (not passed or "offset" in detail or "checked" in detail):
+                print("     " + detail.replace("\n", "\n     "))
+        ok = ok and report.ok
+    return 0 if ok else 1

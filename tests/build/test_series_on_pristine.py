@@ -1,28 +1,51 @@
-"""The real series on the real pristine 0.32.0 tree."""
+"""Every carried series (patches/<version>/) on its real pristine tree: none goes unread."""
 
 import zipfile
 
-from kiln.paths import REPO_ROOT
+import pytest
+
+from kiln.fetch import fetch
+from kiln.lock import UpstreamLock
 from kiln.patching import apply_series_into
-from kiln.series import Series
+from kiln.pristine import PristineTree
+from kiln.series import Series, carried_versions, series_dir
 from kiln.verify import verify
 
+VERSIONS = carried_versions()
 
-def test_the_series_applies_to_pristine_without_fuzz(pristine_tree, tmp_path):
-    series = Series.load()
+
+def test_the_default_pin_and_every_folder_under_patches_is_a_carried_series():
+    lock = UpstreamLock.load()
+    assert lock.default in VERSIONS
+    assert set(VERSIONS) <= set(lock.releases), "a series folder for a pin the lock lacks"
+    folders = {p.name for p in series_dir().parent.iterdir() if p.is_dir()}
+    assert folders - set(VERSIONS) == {"xgrammar"}, "a folder under patches/ no command reads"
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def pin(request):
+    files = fetch(request.param, log=lambda _: None)
+    return request.param, files, PristineTree.from_files(files)
+
+
+def test_the_series_applies_to_pristine_without_fuzz(pin, tmp_path):
+    version, _, tree = pin
+    series = Series.load(series_dir(version))
+    assert {t.fields["Cut-against"] for t in series.topics} == {version}
     applied = []
-    apply_series_into(pristine_tree.root, series, tmp_path / "tree",
+    apply_series_into(tree.root, series, tmp_path / "tree",
                       on_topic=lambda t, offsets: applied.append((t.name, offsets)))
     assert [name for name, _ in applied] == [t.name for t in series.topics]
     for topic in series.topics:
         for path in topic.files():
-            assert (tmp_path / "tree" / path).read_bytes() != (pristine_tree.root / path).read_bytes()
+            assert (tmp_path / "tree" / path).read_bytes() != (tree.root / path).read_bytes()
 
 
-def test_verify_passes_every_check(pristine_tree, pristine_files):
-    with zipfile.ZipFile(pristine_files.wheel) as wheel:
+def test_verify_passes_every_check(pin):
+    version, files, tree = pin
+    with zipfile.ZipFile(files.wheel) as wheel:
         names = wheel.namelist()
-    report = verify(pristine_tree, REPO_ROOT / "patches", wheel_files=names, log=lambda _: None)
+    report = verify(tree, series_dir(version), wheel_files=names, log=lambda _: None)
     failed = [(name, detail) for name, ok, detail in report.checks if not ok]
     assert failed == []
     names = [name for name, _, _ in report.checks]

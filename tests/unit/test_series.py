@@ -68,3 +68,21 @@ def test_series_listing_a_patch_twice_is_refused(pristine: Path, tmp_path: Path)
 def test_missing_series_file(tmp_path: Path):
     with pytest.raises(KilnError, match="series: missing"):
         Series.load(tmp_path)
+
+
+def test_each_pin_has_its_own_series_folder_and_a_missing_one_is_named(tmp_path):
+    from kiln.series import carried_versions, series_dir
+
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "upstream.lock").write_text(
+        'default = "1.10.0"\n' + "".join(
+            f'[versions."{v}"]\nwheel = "w"\nwheel_sha256 = "0"\nsdist = "s"\nsdist_sha256 = "0"\n'
+            for v in ("1.9.0", "1.10.0", "2.0.0")))
+    for version in ("1.9.0", "1.10.0"):
+        (tmp_path / "patches" / version).mkdir(parents=True)
+        (tmp_path / "patches" / version / "series").write_text("")
+    (tmp_path / "patches" / "xgrammar").mkdir()
+    assert carried_versions(tmp_path) == ["1.9.0", "1.10.0"]  # by number, not by text
+    assert series_dir(root=tmp_path) == tmp_path / "patches" / "1.10.0"
+    with pytest.raises(KilnError, match=r"no series for vLLM 2\.0\.0: .* \(carried pins: 1\.9\.0, 1\.10\.0\)"):
+        series_dir("2.0.0", tmp_path)
