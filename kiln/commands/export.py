@@ -1,4 +1,4 @@
-"""Write patches/ and patches/series back from a materialized repository's branch.
+"""Write patches/<version>/ (patches and series) back from a materialized repository's branch.
 
 One patch per commit since v<version> on fork/<version>. Exporting an
 unchanged branch changes 0 bytes. A repository with uncommitted changes is
