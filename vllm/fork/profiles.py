@@ -232,7 +232,11 @@ def explicit_dests(args: argparse.Namespace, argv: Sequence[str]) -> frozenset[s
     The second test catches a --config file and abbreviated options; the first an
     explicit value that equals the default."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+    try:  # 0.33.0 moved the serve arguments from launchers/ to common/
+        from vllm.entrypoints.common.cli_args import FrontendArgs
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
 
     named = _option_names(argv)
     found = set()
