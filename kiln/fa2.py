@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kiln import elf, opschema
 from kiln.errors import KilnError
+from kiln.lock import version_key
 from kiln.fetch import PristineFiles
 from kiln.opschema import Schema
 from kiln.paths import REPO_ROOT
@@ -207,7 +208,7 @@ def write_pin(pin: FaPin, path: Path = PIN_PATH) -> None:
               "# version commit repository how-established"]
     lines = path.read_text().splitlines() if path.exists() else []
     kept = [l for l in lines if l and not l.startswith("#") and l.split()[0] != pin.version]
-    entries = sorted([*kept, str(pin)], key=lambda l: [int(p) for p in l.split()[0].split(".")])
+    entries = sorted([*kept, str(pin)], key=lambda l: version_key(l.split()[0]))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(header + entries) + "\n")
 

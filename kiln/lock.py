@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,11 @@ from kiln.tomlfile import read_toml
 from kiln.paths import REPO_ROOT
 
 LOCK_PATH = REPO_ROOT / "requirements" / "upstream.lock"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of an upstream version: 0.9.0 before 0.10.0; a non-numeric part counts 0."""
+    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version))
 
 
 @dataclass(frozen=True)

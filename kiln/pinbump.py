@@ -20,7 +20,7 @@ from kiln.fetch import (
     index_files,
     index_url,
 )
-from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
+from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
 from kiln.pins import canonical, requirement_name
 from kiln.pristine import PristineTree
 
@@ -48,7 +48,7 @@ def release_from_registry(version: str, wheel_template: str, files: dict[str, st
     of_version = sorted(n for n in files if n.startswith(f"{PROJECT}-{version}-") or n == sdist)
     if not of_version:
         known = sorted({m.group(1) for n in files if (m := re.match(rf"{PROJECT}-([^-]+?)(?:\.tar\.gz|-)", n))},
-                       key=_version_key)[-5:]
+                       key=version_key)[-5:]
         raise KilnError(f"{PROJECT} {version} is not on the package index {index_url()} "
                         f"(latest there: {', '.join(known) or 'none'})")
     for name in (wheel, sdist):
@@ -60,14 +60,10 @@ def release_from_registry(version: str, wheel_template: str, files: dict[str, st
     return UpstreamRelease(version, PinnedFile(wheel, files[wheel]), PinnedFile(sdist, files[sdist]))
 
 
-def _version_key(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version))
-
-
 def lock_text(lock: UpstreamLock, header: str) -> str:
     """The lock file: its comment header, then default, then each version, oldest first."""
     out = [header.rstrip("\n") + "\n" if header else "", f'default = "{lock.default}"\n']
-    for version in sorted(lock.releases, key=_version_key):
+    for version in sorted(lock.releases, key=version_key):
         r = lock.releases[version]
         out.append(f'\n[versions."{version}"]\nwheel = "{r.wheel.name}"\nwheel_sha256 = "{r.wheel.sha256}"\n'
                    f'sdist = "{r.sdist.name}"\nsdist_sha256 = "{r.sdist.sha256}"\n')

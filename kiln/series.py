@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kiln.diff import FileDiff, parse_diff
 from kiln.errors import KilnError
+from kiln.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
 
 HEADER_FIELDS = ("Topic", "Kind", "What", "Upstream", "Cut-against", "Retires-when")
@@ -159,7 +160,6 @@ def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
     """``patches/<version>/``: the series cut against that upstream pin (default: the
     lock's default). Each carried pin has its own folder, so every command reads the
     series of the pin it is asked about and none is left unread."""
-    from kiln.lock import UpstreamLock
 
     version = version or UpstreamLock.load(root / "requirements" / "upstream.lock").default
     path = root / "patches" / version
@@ -174,7 +174,7 @@ def carried_versions(root: Path = REPO_ROOT) -> list[str]:
     """Every pin with a series folder under ``patches/``, oldest first."""
     found = [p.name for p in (root / "patches").iterdir()
              if VERSION_DIR.match(p.name) and (p / "series").is_file()]
-    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return sorted(found, key=version_key)
 
 
 def parse_series_file(text: str) -> list[str]:
