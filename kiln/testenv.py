@@ -1,9 +1,12 @@
 """The test virtualenv: CPU torch, the fork's dependencies and the test tools.
 
-Cached outside the repository, keyed by a hash of everything installed into it,
-so a rerun reuses it and any change of requirements makes a new one. A venv
-cannot be moved once made, so it is built in place and marked complete last;
-an unmarked one is a failed attempt and is rebuilt.
+Two layers, both cached outside the repository. The base venv holds the dependencies,
+keyed by a hash of everything installed into it, so a rerun reuses it and any change of
+requirements makes a new one; it never holds the fork itself. Each fork build gets a
+small venv of its own, keyed by the bytes of its wheels, that sees the base's packages
+through a ``.pth`` file: two builds tested at once never swap each other's vllm. A venv
+cannot be moved once made, so each is built in place and marked complete last; an
+unmarked one is a failed attempt and is rebuilt.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -23,6 +28,9 @@ TORCH = "torch==2.13.0"
 # PyPI's builds of these fail to import beside the CPU torch wheel.
 LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
 COMPLETE = ".kiln-complete"
+BASE_PTH = "kiln-test-base.pth"
+# A fork venv unused this long is removed when another is made (each holds a whole vllm).
+STALE_S = 24 * 3600
 
 
 def runtime_requirements(wheel: Path) -> list[str]:
@@ -73,7 +81,38 @@ def test_venv(wheel: Path, log=print) -> Path:
     return path
 
 
-def install_wheel(venv: Path, wheel: Path, log=print) -> None:
-    """Put this wheel (and nothing else) into the venv, over any installed copy of its project."""
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-          "-q", "--no-deps", "--force-reinstall", str(wheel)], f"install {wheel.name}", log)
+def _site_packages(venv: Path) -> Path:
+    """The venv's site-packages (its Python is the one running kiln: test_venv made it)."""
+    return Path(sysconfig.get_path("purelib", vars={"base": str(venv)}))
+
+
+def fork_venv(base: Path, wheels: list[Path], log=print) -> Path:
+    """A complete venv with exactly these wheels installed over the base venv's packages
+    (made if missing). The base's own site-packages come after the wheels' on sys.path,
+    and its pip is the one that runs, so nothing is ever installed into the base."""
+    digest = hashlib.sha256(str(base).encode())
+    for wheel in wheels:
+        digest.update(wheel.name.encode() + b"\0" + hashlib.sha256(wheel.read_bytes()).digest())
+    path = base.parent / f"fork-{digest.hexdigest()[:16]}"
+    if (path / COMPLETE).exists():
+        (path / COMPLETE).touch()
+        return path
+    _remove_stale(base.parent, keep=path)
+    shutil.rmtree(path, ignore_errors=True)
+    _run([str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(path)],
+         "create the fork venv", log)
+    site = _site_packages(path)
+    (site / BASE_PTH).write_text(f"{_site_packages(base)}\n")
+    _run([str(path / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+          "-q", "--no-deps", *map(str, wheels)], f"install {', '.join(w.name for w in wheels)}",
+         log)
+    (path / COMPLETE).write_text("".join(f"{w.name}\n" for w in wheels))
+    return path
+
+
+def _remove_stale(folder: Path, keep: Path) -> None:
+    now = time.time()
+    for venv in folder.glob("fork-*"):
+        marker = venv / COMPLETE
+        if venv != keep and marker.exists() and now - marker.stat().st_mtime > STALE_S:
+            shutil.rmtree(venv, ignore_errors=True)

@@ -1,10 +1,10 @@
-"""Make (or reuse) the cached test virtualenv for a built wheel and install the wheel.
+"""Make (or reuse) the cached test virtualenv for a built wheel, with the wheel installed.
 
-The venv holds CPU torch 2.13.0, the wheel's own requirements (less
+The base venv holds CPU torch 2.13.0, the wheel's own requirements (less
 torchvision, torchaudio and torchcodec, which fail beside CPU torch) and
-requirements/test.txt. With --xgrammar, the fork's xgrammar wheel replaces the stock
-xgrammar that the requirements brought, as the README's install line does. Prints the
-venv's folder.
+requirements/test.txt; the printed venv adds this build's wheel on top of it. With
+--xgrammar, the fork's xgrammar wheel shadows the stock xgrammar that the requirements
+brought, as the README's install line replaces it. Prints the venv's folder.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.testenv import install_wheel, test_venv
+from kiln.testenv import fork_venv, test_venv
 
 NAME = "test-env"
 HELP = "the cached test virtualenv, with the given wheel installed"
@@ -31,9 +31,7 @@ def run(args: argparse.Namespace) -> int:
         if wheel is not None and not wheel.is_file():
             raise KilnError(f"{wheel}: no such wheel; build one with `python -m kiln build`")
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731  stdout carries only the path
-    venv = test_venv(args.wheel, log=log)
-    install_wheel(venv, args.wheel, log=log)
-    if args.xgrammar is not None:
-        install_wheel(venv, args.xgrammar, log=log)
-    print(venv)
+    base = test_venv(args.wheel, log=log)
+    wheels = [args.wheel] + ([args.xgrammar] if args.xgrammar is not None else [])
+    print(fork_venv(base, wheels, log=log))
     return 0
