@@ -24,6 +24,7 @@ from kiln.errors import KilnError
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.pins import requirement_name
 
+# The CPU torch on this machine's disk, for kiln's own tool venvs (the xgrammar suite).
 TORCH = "torch==2.13.0"
 # PyPI's builds of these fail to import beside the CPU torch wheel.
 LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
@@ -33,23 +34,43 @@ BASE_PTH = "kiln-test-base.pth"
 STALE_S = 24 * 3600
 
 
-def runtime_requirements(wheel: Path) -> list[str]:
-    """The wheel's Requires-Dist without extras and without the left-out packages."""
+def _requires_dist(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist lines without extras."""
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = zf.read(name).decode()
     head = metadata.partition("\n\n")[0]
-    reqs = []
-    for line in head.splitlines():
-        if line.startswith("Requires-Dist: ") and "extra ==" not in line:
-            req = line[len("Requires-Dist: "):]
-            if requirement_name(req) not in LEFT_OUT and requirement_name(req) != "torch":
-                reqs.append(req)
-    return reqs
+    return [line[len("Requires-Dist: "):] for line in head.splitlines()
+            if line.startswith("Requires-Dist: ") and "extra ==" not in line]
 
 
-def venv_key(requirements: list[str], test_requirements: str) -> str:
-    text = "\n".join([sys.version, TORCH, *requirements, test_requirements])
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist without extras, torch and the left-out packages."""
+    return [r for r in _requires_dist(wheel)
+            if requirement_name(r) not in LEFT_OUT and requirement_name(r) != "torch"]
+
+
+def torch_requirement(wheel: Path) -> str:
+    """The torch the wheel pins. 2.13.0 (vLLM 0.32.0's) is the CPU build on this machine's
+    disk; a newer pin comes from the registry, whose Linux wheels are CUDA builds that
+    also run on a CPU."""
+    pins = [r for r in _requires_dist(wheel) if requirement_name(r) == "torch"]
+    if len(pins) != 1 or "==" not in pins[0]:
+        raise KilnError(f"{wheel.name}: expected one exact torch pin in Requires-Dist, "
+                        f"found {pins or 'none'}")
+    return pins[0].split(";")[0].strip()
+
+
+def upstream_version(wheel: Path) -> str:
+    """The upstream release a wheel is, or is built on: vllm-0.33.0+kiln.3-... -> 0.33.0."""
+    parts = wheel.name.split("-")
+    if len(parts) < 5 or not wheel.name.endswith(".whl"):
+        raise KilnError(f"{wheel.name}: not a wheel file name (name-version-python-abi-platform.whl)")
+    return parts[1].split("+")[0]
+
+
+def venv_key(torch: str, requirements: list[str], test_requirements: str) -> str:
+    text = "\n".join([sys.version, torch, *requirements, test_requirements])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -62,9 +83,9 @@ def _run(cmd: list[str], what: str, log) -> None:
 
 def test_venv(wheel: Path, log=print) -> Path:
     """Path of a complete test venv for this wheel's requirements (made if missing)."""
-    requirements = runtime_requirements(wheel)
+    requirements, torch = runtime_requirements(wheel), torch_requirement(wheel)
     test_reqs = (REPO_ROOT / "requirements" / "test.txt").read_text()
-    path = cache_dir() / "venvs" / f"test-{venv_key(requirements, test_reqs)}"
+    path = cache_dir() / "venvs" / f"test-{venv_key(torch, requirements, test_reqs)}"
     if (path / COMPLETE).exists():
         return path
     shutil.rmtree(path, ignore_errors=True)
@@ -74,7 +95,7 @@ def test_venv(wheel: Path, log=print) -> Path:
     reqs_file.write_text("\n".join(requirements) + "\n")
     _run([sys.executable, "-m", "venv", str(path)], "create the test venv", log)
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    _run([*pip, TORCH], "install CPU torch", log)
+    _run([*pip, torch], f"install {torch}", log)
     _run([*pip, "-r", str(reqs_file), "-r", str(REPO_ROOT / "requirements" / "test.txt")],
          "install the fork's dependencies and the test tools", log)
     (path / COMPLETE).write_text(wheel.name + "\n")

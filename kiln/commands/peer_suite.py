@@ -23,6 +23,8 @@ HELP = "upstream's CPU tests against an installed vllm, compared with the baseli
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", type=Path, required=True,
                         help="interpreter of the virtualenv that holds the vllm to test")
+    parser.add_argument("--version", help="upstream pin whose tests and baseline to use "
+                        "(default: the lock's default)")
     parser.add_argument("--record-baseline", action="store_true",
                         help="record what passes (run against pristine upstream)")
 
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.python.exists():
         raise KilnError(f"{args.python}: no such interpreter")
-    pristine = PristineTree.from_files(fetch())
+    pristine = PristineTree.from_files(fetch(args.version))
     started = time.monotonic()
     result = run_peer_suite(args.python, pristine)
     minutes = (time.monotonic() - started) / 60

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.errors import KilnError
 from kiln.testenv import COMPLETE, fork_venv
 
 
@@ -75,3 +76,35 @@ def test_an_unfinished_fork_venv_is_made_again(base, tmp_path):
     (venv / "leftover").write_text("from a failed attempt")
     assert fork_venv(base, [wheel], log=lambda _: None) == venv
     assert not (venv / "leftover").exists() and (venv / COMPLETE).exists()
+
+
+def _fork_wheel(folder: Path, version: str, requires: list[str]) -> Path:
+    path = folder / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    metadata = "Metadata-Version: 2.1\nName: vllm\nVersion: " + version + "\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires) + "\nlong description\nRequires-Dist: torch==0\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"vllm-{version}.dist-info/METADATA", metadata)
+    return path
+
+
+def test_the_venvs_torch_is_the_one_the_wheel_pins(tmp_path):
+    from kiln.testenv import runtime_requirements, torch_requirement
+
+    wheel = _fork_wheel(tmp_path, "0.33.0+kiln.1", [
+        "numpy", "torch==2.14.0", "torchvision==0.29.0", "xgrammar==0.2.8; platform_machine == 'x86_64'",
+        "pytest; extra == 'test'"])
+    assert torch_requirement(wheel) == "torch==2.14.0"
+    assert runtime_requirements(wheel) == ["numpy", "xgrammar==0.2.8; platform_machine == 'x86_64'"]
+    (tmp_path / "loose").mkdir()
+    loose = _fork_wheel(tmp_path / "loose", "0.33.0+kiln.2", ["torch>=2.14"])
+    with pytest.raises(KilnError, match="one exact torch pin.*torch>=2.14"):
+        torch_requirement(loose)
+
+
+def test_a_wheel_built_on_another_pin_is_refused_naming_both(tmp_path, capsys):
+    from kiln.cli import main
+
+    wheel = _fork_wheel(tmp_path, "0.33.0+kiln.1", ["torch==2.14.0"])
+    assert main(["test-env", "--wheel", str(wheel), "--version", "0.32.0"]) != 0
+    err = capsys.readouterr().err
+    assert "built on vLLM 0.33.0, not on the pin 0.32.0" in err and "--version 0.33.0" in err
