@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.atomic import replacing
 from kiln.csrc import build_csrc
 from kiln.errors import KilnError
 from kiln.fetch import fetch
@@ -208,9 +209,8 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
         }, indent=1).encode() + b"\n"
         dist_info = dist_info_files(source, version, pins)
 
-        tmp = target.with_name(f".{wheel_name}.tmp")
         record: list[tuple[str, str, str]] = []
-        try:
+        with replacing(target) as tmp:
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as out:
                 def write(name: str, attr: int, data: bytes) -> None:
                     info = zipfile.ZipInfo(name, date_time)
@@ -225,9 +225,6 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
                     write(f"{new_dist}/{rel}", attr or FILE_MODE, data)
                 write(f"{new_dist}/RECORD", FILE_MODE,
                       record_csv([*record, (f"{new_dist}/RECORD", "", "")]))
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
     patched = sorted(p for p in replaced if p != "vllm/_version.py")
     return WheelBuild(
         path=target, version=version, upstream_version=release.version,

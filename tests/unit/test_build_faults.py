@@ -1,0 +1,75 @@
+"""`python -m kiln build` under faults: concurrent builds, SIGTERM, an unwritable --out.
+
+Each test runs the real CLI in a subprocess on a checkout whose lock pins a small
+synthetic upstream wheel (tests/unit/conftest.py: KilnCheckout).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.unit.conftest import KilnCheckout
+
+
+def _temp_files(out: Path) -> list[Path]:
+    return sorted(out.glob(".*")) if out.is_dir() else []
+
+
+def _stopped_mid_write(proc: subprocess.Popen, out: Path) -> list[Path]:
+    """Wait until the build has a temporary file in ``out``, then stop it there (SIGSTOP)."""
+    deadline = time.monotonic() + 120
+    while not (temps := _temp_files(out)):
+        if proc.poll() is not None:
+            pytest.fail(f"the build ended (rc {proc.returncode}) before it was seen writing: "
+                        f"{proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            pytest.fail("the build never started writing its wheel")
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert all(t.exists() for t in temps), "the build finished before it could be stopped"
+    return temps
+
+
+def _wheel(out: Path) -> Path:
+    (wheel,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    return wheel
+
+
+def _built_alone(checkout: KilnCheckout, out: Path, epoch: str) -> bytes:
+    result = checkout.run("build", "--out", str(out), "--no-xgrammar", SOURCE_DATE_EPOCH=epoch)
+    assert result.returncode == 0, result.stderr
+    return _wheel(out).read_bytes()
+
+
+def test_two_builds_into_one_folder_each_leave_a_whole_wheel(checkout, tmp_path):
+    # Two epochs make two different wheels of one name, so a mix of the two shows.
+    first_bytes = _built_alone(checkout, tmp_path / "alone-1", "1700000000")
+    second_bytes = _built_alone(checkout, tmp_path / "alone-2", "1800000000")
+    assert first_bytes != second_bytes
+    out = tmp_path / "dist"
+    first = checkout.kiln("build", "--out", str(out), "--no-xgrammar", SOURCE_DATE_EPOCH="1700000000")
+    try:
+        _stopped_mid_write(first, out)
+        second = checkout.run("build", "--out", str(out), "--no-xgrammar", SOURCE_DATE_EPOCH="1800000000")
+        assert second.returncode == 0, second.stderr
+        wheel = _wheel(out)
+        assert f"built {wheel}" in second.stdout
+        assert wheel.read_bytes() == second_bytes
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=120)
+    assert wheel.read_bytes() == first_bytes, "the wheel at the final name is a mix of two builds"
+    assert first.returncode == 0, stderr
+    assert f"built {wheel}" in stdout
+    with zipfile.ZipFile(wheel) as z:
+        assert z.testzip() is None
+    assert [p.name for p in out.iterdir()] == [wheel.name]
