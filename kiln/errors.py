@@ -1,5 +1,12 @@
-"""The one exception type the CLI turns into a clean error message."""
+"""The exception types the CLI turns into a clean message and exit status."""
+
+from __future__ import annotations
 
 
 class KilnError(Exception):
     """A user-facing failure: the message names what is wrong and what is allowed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so every cleanup that runs on Ctrl-C
+    (temporary files removed) runs for it too."""

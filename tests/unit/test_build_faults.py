@@ -73,3 +73,18 @@ def test_two_builds_into_one_folder_each_leave_a_whole_wheel(checkout, tmp_path)
     with zipfile.ZipFile(wheel) as z:
         assert z.testzip() is None
     assert [p.name for p in out.iterdir()] == [wheel.name]
+
+
+def test_sigterm_mid_write_removes_the_temporary_wheel(checkout, tmp_path):
+    out = tmp_path / "dist"
+    proc = checkout.kiln("build", "--out", str(out), "--no-xgrammar")
+    try:
+        temps = _stopped_mid_write(proc, out)
+        assert all(t.stat().st_size > 0 for t in temps)
+        os.kill(proc.pid, signal.SIGTERM)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().endswith("kiln build: terminated") and "Traceback" not in stderr
+    assert list(out.iterdir()) == []
