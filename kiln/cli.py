@@ -15,7 +15,7 @@ import threading
 from types import ModuleType
 
 import kiln.commands
-from kiln.errors import KilnError, Terminated
+from kiln.errors import KilnError, Terminated, describe_os_error
 
 
 def _command_modules() -> list[ModuleType]:
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KilnError as e:
         print(f"kiln {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kiln {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except Terminated:
         print(f"kiln {args.command}: terminated", file=sys.stderr)

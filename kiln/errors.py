@@ -10,3 +10,10 @@ class KilnError(Exception):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so every cleanup that runs on Ctrl-C
     (temporary files removed) runs for it too."""
+
+
+def describe_os_error(error: OSError) -> str:
+    """'what (path)' for an OSError: the system's words and the file(s) involved."""
+    what = error.strerror or str(error)
+    paths = [str(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{what} ({' -> '.join(paths)})" if paths else what

@@ -88,3 +88,40 @@ def test_sigterm_mid_write_removes_the_temporary_wheel(checkout, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert stderr.strip().endswith("kiln build: terminated") and "Traceback" not in stderr
     assert list(out.iterdir()) == []
+
+
+def test_a_file_as_out_is_one_error_line_naming_it(checkout, tmp_path):
+    out = tmp_path / "dist"
+    out.write_text("a file, not a folder\n")
+    result = checkout.run("build", "--out", str(out), "--no-xgrammar")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"kiln build: error: File exists ({out})"
+    assert "Traceback" not in result.stderr
+    assert out.read_text() == "a file, not a folder\n"
+
+
+def _can_mount_in_own_namespace() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
+                            "mount -t tmpfs -o ro none /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_in_own_namespace(),
+                    reason="needs unshare with a private mount namespace to make a read-only folder")
+def test_a_read_only_out_reports_the_write_that_failed_not_the_cleanup(checkout, tmp_path):
+    # A read-only mount (in a private mount namespace, gone when the process ends):
+    # there even unlinking a file that does not exist fails (EROFS).
+    out = tmp_path / "dist"
+    out.mkdir()
+    script = 'mount -t tmpfs -o ro none "$0" && exec "$@"'
+    result = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "sh", "-c", script, str(out),
+         sys.executable, "-m", "kiln", "build", "--out", str(out), "--no-xgrammar"],
+        cwd=checkout.root, env=checkout.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"kiln build: error: Read-only file system ({out}/.vllm-1.0.0+kiln.")
+    assert last.endswith(".tmp)")
+    assert "Traceback" not in result.stderr

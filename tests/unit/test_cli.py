@@ -42,3 +42,15 @@ def test_test_env_refuses_a_missing_xgrammar_wheel_before_making_a_venv(tmp_path
     code = main(["test-env", "--wheel", str(wheel), "--xgrammar", str(tmp_path / "xg.whl")])
     assert code == 2
     assert "xg.whl: no such wheel" in capsys.readouterr().err
+
+
+def test_a_kiln_cache_that_is_a_file_is_one_error_line(tmp_path: Path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder\n")
+    monkeypatch.setenv("KILN_CACHE", str(cache))
+    assert main(["fetch"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kiln fetch: error: the cache {cache} (KILN_CACHE, default ~/.cache/kiln) "
+                   "is not a folder; point KILN_CACHE at a folder\n")
+    assert cache.read_text() == "not a folder\n"
+
