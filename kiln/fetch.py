@@ -7,6 +7,7 @@ from the registry's simple index (PEP 691 JSON), the same place pip reads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,17 +46,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_pinned(path: Path, pin: PinnedFile) -> None:
-    """Refuse a file whose hash is not the pinned one, and delete it."""
-    actual = sha256_of(path)
-    if actual != pin.sha256:
-        path.unlink(missing_ok=True)
-        raise KilnError(
-            f"{pin.name}: sha256 mismatch (expected {pin.sha256}, got {actual}); "
-            "the file was deleted and nothing was built"
-        )
-
-
 def upstream_dir() -> Path:
     path = cache_dir() / "upstream"
     path.mkdir(parents=True, exist_ok=True)
@@ -65,17 +55,63 @@ def upstream_dir() -> Path:
 def fetch(version: str | None = None, *, lock: UpstreamLock | None = None,
           log=print) -> PristineFiles:
     """Return the verified pristine wheel and sdist, downloading what the cache lacks."""
-    release = (lock or UpstreamLock.load()).release(version)
-    wheel = fetch_pinned(release.wheel, lambda d: _pip_download_wheel(release, d), log)
-    sdist = fetch_pinned(release.sdist, lambda d: download_from_index(release.sdist, d), log)
+    lock = lock or UpstreamLock.load()
+    release = lock.release(version)
+    pinned_by = f"{lock.path} (vLLM {release.version})"
+    wheel = fetch_pinned(release.wheel, lambda d: _pip_download_wheel(release, d), log, pinned_by)
+    sdist = fetch_pinned(release.sdist, lambda d: download_from_index(release.sdist, d), log, pinned_by)
     return PristineFiles(release=release, wheel=wheel, sdist=sdist)
 
 
-def fetch_pinned(pin: PinnedFile, download, log) -> Path:
+def fetch_pinned(pin: PinnedFile, download, log, pinned_by: str = "its lock file") -> Path:
+    """The cached file with the pinned sha256, downloaded when the cache lacks it.
+
+    A cached file with another hash is either damaged or the pin is wrong; one fresh
+    download tells which. It replaces the cached file only when it has the pinned hash;
+    when it has the cached file's hash, the pin is wrong and the file is kept.
+    ``pinned_by`` names the lock entry in messages.
+    """
     target = upstream_dir() / pin.name
-    if target.exists():
-        check_pinned(target, pin)
+    cached = sha256_of(target) if target.exists() else None
+    if cached == pin.sha256:
         return target
+    if cached is not None:
+        log(f"{target}: sha256 {cached}, but {pinned_by} pins {pin.sha256}; "
+            "downloading it again to tell a damaged file from a wrong pin")
+    try:
+        with _downloaded(pin, download, log) as got:
+            fresh = sha256_of(got)
+            if fresh == pin.sha256:
+                os.replace(got, target)
+                return target
+    except KilnError as e:
+        if cached is None:
+            raise
+        raise KilnError(
+            f"{target} has sha256 {cached}, but {pinned_by} pins {pin.sha256}, and downloading "
+            f"it again failed ({e}), so kiln cannot tell a damaged file from a wrong pin; the "
+            "file was kept. Check the pin, or delete the file to download it afresh"
+        ) from None
+    if cached is None:
+        raise KilnError(
+            f"{pin.name}: sha256 mismatch: {pinned_by} pins {pin.sha256}, the package index "
+            f"served {fresh}; the download was deleted and nothing was built"
+        )
+    if fresh == cached:
+        raise KilnError(
+            f"{pinned_by} pins {pin.name} with sha256 {pin.sha256}, but the package index "
+            f"serves {fresh}, the sha256 of the cached {target} too: the pin is wrong, not the "
+            "file, which was kept. Correct the pin (pin-bump writes it from the index)"
+        )
+    raise KilnError(
+        f"{pin.name}: {pinned_by} pins sha256 {pin.sha256}, the cached {target} has {cached}, "
+        f"the package index serves {fresh}; nothing was replaced or built"
+    )
+
+
+@contextlib.contextmanager
+def _downloaded(pin: PinnedFile, download, log) -> Iterator[Path]:
+    """The file ``download`` writes into a temporary folder of the cache, retried."""
     last_error = ""
     for attempt in range(1, ATTEMPTS + 1):
         log(f"downloading {pin.name} (attempt {attempt}/{ATTEMPTS})")
@@ -86,9 +122,8 @@ def fetch_pinned(pin: PinnedFile, download, log) -> Path:
                 last_error = str(e)
                 time.sleep(BACKOFF_SECONDS * attempt)
                 continue
-            check_pinned(got, pin)
-            os.replace(got, target)
-            return target
+            yield got
+            return
     raise KilnError(
         f"could not download {pin.name} after {ATTEMPTS} attempts: {last_error}; "
         "check the network or the package index (PIP_INDEX_URL)"

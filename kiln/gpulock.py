@@ -54,6 +54,7 @@ class GpuBundleLock:
         return [
             fetch_pinned(w.pin, lambda dest, w=w: pip_download(
                 w.pin, f"{w.project}=={w.version}", dest,
-                python_version=self.python_version, platforms=self.platforms), log)
+                python_version=self.python_version, platforms=self.platforms), log,
+                f"{LOCK_PATH} ({w.project})")
             for w in self.wheels
         ]

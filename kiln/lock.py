@@ -40,6 +40,7 @@ class UpstreamRelease:
 class UpstreamLock:
     default: str
     releases: dict[str, UpstreamRelease]
+    path: Path = LOCK_PATH  # the file it was read from, named in messages
 
     @classmethod
     def load(cls, path: Path = LOCK_PATH) -> UpstreamLock:
@@ -60,14 +61,14 @@ class UpstreamLock:
         default = data.get("default")
         if default not in releases:
             raise KilnError(f"{path}: default {default!r} is not one of the pinned versions")
-        return cls(default=default, releases=releases)
+        return cls(default=default, releases=releases, path=path)
 
     def release(self, version: str | None = None) -> UpstreamRelease:
         version = version or self.default
         if version not in self.releases:
             known = ", ".join(sorted(self.releases))
             raise KilnError(
-                f"upstream version {version} has no pinned hashes in {LOCK_PATH.name} "
+                f"upstream version {version} has no pinned hashes in {self.path.name} "
                 f"(pinned: {known}); pin it with `python -m kiln pin-bump --to {version}`"
             )
         return self.releases[version]

@@ -83,7 +83,8 @@ def sdist_tree(version: str, lock: UpstreamLock) -> Path:
     """The pinned sdist of ``version``, downloaded if missing, hash-checked, unpacked once."""
     release = lock.release(version)
     pin = release.sdist
-    sdist = fetch_pinned(pin, lambda dest: download_from_index(pin, dest), log=lambda _: None)
+    sdist = fetch_pinned(pin, lambda dest: download_from_index(pin, dest), lambda _: None,
+                         f"{lock.path} (vLLM {version})")
     # Only the sdist is read; the wheel field is never used by from_files.
     return PristineTree.from_files(PristineFiles(release=release, wheel=Path(), sdist=sdist)).root
 
@@ -194,7 +195,8 @@ def pin_bump(version: str, *, lock_path: Path, pins_path: Path, make_default: bo
         raise KilnError(f"{lock_path.name} pins {version} with other files or hashes than the index "
                         f"lists now ({releases[version]} vs {release}); refusing to overwrite a pin")
     releases[version] = release
-    new_lock = UpstreamLock(default=version if make_default else lock.default, releases=releases)
+    new_lock = UpstreamLock(default=version if make_default else lock.default, releases=releases,
+                            path=lock_path)
     old_tree = sdist_tree(lock.default, lock)
     new_tree = sdist_tree(version, new_lock)
     old_pins, new_pins = cuda_pins(old_tree), cuda_pins(new_tree)

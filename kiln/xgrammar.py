@@ -95,7 +95,8 @@ def load_series(directory: Path = PATCH_DIR) -> Series:
 
 def fetch_sdist(lock: XgrammarLock, log: Log = print) -> Path:
     """The verified sdist, downloaded from the registry's simple index when not cached."""
-    return fetch_pinned(lock.sdist, lambda dest: download_from_index(lock.sdist, dest), log)
+    return fetch_pinned(lock.sdist, lambda dest: download_from_index(lock.sdist, dest), log,
+                        f"{LOCK_PATH} (sdist)")
 
 
 def build_key(lock: XgrammarLock, topics: list[Topic], version: str) -> str:
@@ -249,7 +250,8 @@ def xgrammar_envs(log: Log = print, rebuilt: bool = False) -> XgrammarEnvs:
     with ``rebuilt``, also stock compiled here (see rebuilt_stock_wheel)."""
     lock = XgrammarLock.load()
     series = load_series()
-    stock = fetch_pinned(lock.stock_wheel, lambda d: download_from_index(lock.stock_wheel, d), log)
+    stock = fetch_pinned(lock.stock_wheel, lambda d: download_from_index(lock.stock_wheel, d), log,
+                         f"{LOCK_PATH} (stock_wheel)")
     fork, _ = fork_wheel(lock, series, log)
     return XgrammarEnvs(
         python=runtime_python(log),

@@ -1,4 +1,7 @@
 import hashlib
+import http.server
+import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -44,17 +47,101 @@ def test_cached_files_with_the_pinned_hashes_are_used(cache, tmp_path):
     assert files.wheel.read_bytes() == wheel and files.sdist.read_bytes() == sdist
 
 
-def test_a_hash_mismatch_is_refused_named_and_deleted(cache, tmp_path):
-    bad = cache / "upstream" / "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    bad.write_bytes(b"tampered")
-    expected = hashlib.sha256(b"the real wheel").hexdigest()
-    lock = _lock(tmp_path, expected, "0" * 64)
+WHEEL = "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+SDIST = "vllm-1.0.0.tar.gz"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def index(monkeypatch):
+    """A PEP 691 simple index on a local port serving the files put in the returned dict."""
+    served: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/simple/vllm/":
+                files = [{"filename": n, "url": f"{base}/files/{n}", "hashes": {"sha256": _sha(d)}}
+                         for n, d in served.items()]
+                body, kind = json.dumps({"files": files}).encode(), "application/vnd.pypi.simple.v1+json"
+            elif self.path.startswith("/files/") and self.path[7:] in served:
+                body, kind = served[self.path[7:]], "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("PIP_INDEX_URL", f"{base}/simple")
+    yield served
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_wrong_pin_keeps_the_intact_cached_file_and_names_the_lock(cache, tmp_path, index):
+    wheel, sdist = b"wheel bytes", b"the real sdist"
+    (cache / "upstream" / WHEEL).write_bytes(wheel)
+    (cache / "upstream" / SDIST).write_bytes(sdist)
+    index[SDIST] = sdist
+    wrong = _sha(b"a typo in the lock")
+    lock = _lock(tmp_path, _sha(wheel), wrong)
     with pytest.raises(KilnError) as err:
         fetch(lock=lock, log=lambda _: None)
     message = str(err.value)
-    assert bad.name in message and expected in message
-    assert hashlib.sha256(b"tampered").hexdigest() in message
-    assert not bad.exists()
+    assert f"{tmp_path / 'upstream.lock'} (vLLM 1.0.0) pins {SDIST} with sha256 {wrong}" in message
+    assert f"serves {_sha(sdist)}, the sha256 of the cached {cache / 'upstream' / SDIST}" in message
+    assert "the pin is wrong, not the file, which was kept" in message
+    assert (cache / "upstream" / SDIST).read_bytes() == sdist
+    assert sorted(p.name for p in (cache / "upstream").iterdir()) == sorted([SDIST, WHEEL])
+
+
+def test_a_damaged_cached_file_is_replaced_by_a_fresh_download(cache, tmp_path, index):
+    wheel, sdist = b"wheel bytes", b"the real sdist"
+    (cache / "upstream" / WHEEL).write_bytes(wheel)
+    (cache / "upstream" / SDIST).write_bytes(b"the real sdist, truncated on disk")
+    index[SDIST] = sdist
+    said = []
+    files = fetch(lock=_lock(tmp_path, _sha(wheel), _sha(sdist)), log=said.append)
+    assert files.sdist.read_bytes() == sdist
+    assert "downloading it again to tell a damaged file from a wrong pin" in said[0]
+    assert sorted(p.name for p in (cache / "upstream").iterdir()) == sorted([SDIST, WHEEL])
+
+
+def test_a_mismatch_that_cannot_be_settled_offline_keeps_the_file(cache, tmp_path):
+    wheel, cached = b"wheel bytes", b"which is right?"
+    (cache / "upstream" / WHEEL).write_bytes(wheel)
+    (cache / "upstream" / SDIST).write_bytes(cached)
+    expected = _sha(b"the real sdist")
+    with pytest.raises(KilnError) as err:
+        fetch(lock=_lock(tmp_path, _sha(wheel), expected), log=lambda _: None)
+    message = str(err.value)
+    assert f"has sha256 {_sha(cached)}, but {tmp_path / 'upstream.lock'} (vLLM 1.0.0) pins {expected}" in message
+    assert "cannot tell a damaged file from a wrong pin; the file was kept" in message
+    assert (cache / "upstream" / SDIST).read_bytes() == cached
+
+
+def test_a_download_with_another_hash_is_refused_and_not_kept(cache, tmp_path, index):
+    wheel = b"wheel bytes"
+    (cache / "upstream" / WHEEL).write_bytes(wheel)
+    index[SDIST] = b"not what was pinned"
+    expected = _sha(b"the real sdist")
+    with pytest.raises(KilnError) as err:
+        fetch(lock=_lock(tmp_path, _sha(wheel), expected), log=lambda _: None)
+    assert (f"{SDIST}: sha256 mismatch: {tmp_path / 'upstream.lock'} (vLLM 1.0.0) pins {expected}, "
+            f"the package index served {_sha(b'not what was pinned')}") in str(err.value)
+    assert [p.name for p in (cache / "upstream").iterdir()] == [WHEEL]
 
 
 def test_a_failed_download_is_retried_then_reported(cache, tmp_path):
