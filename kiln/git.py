@@ -43,3 +43,10 @@ def is_dirty(repo: Path, untracked: bool = True) -> list[str]:
     flag = "--untracked-files=all" if untracked else "--untracked-files=no"
     out = git(repo, "status", "--porcelain", flag)
     return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def rebase_in_progress(repo: Path) -> bool:
+    """A git rebase (kiln's or a maintainer's ``rebase -i``) stopped in ``repo``: its
+    commits are not on the branch until it finishes."""
+    git_dir = Path(git(repo, "rev-parse", "--absolute-git-dir").strip())
+    return (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()

@@ -14,8 +14,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.atomic import replacing
 from kiln.errors import KilnError
-from kiln.git import DIFF_OPTIONS, git, is_dirty
+from kiln.git import DIFF_OPTIONS, git, is_dirty, rebase_in_progress
 from kiln.patching import apply_topic
 from kiln.series import PATCH_NAME, SEPARATOR, Series, Topic, series_file_text
 
@@ -83,7 +84,23 @@ def branch_topics(repo: Path, version: str, directory: Path) -> list[Topic]:
 
 
 def export(repo: Path, version: str, directory: Path) -> ExportResult:
-    """Rewrite ``directory`` (patches + series) from the branch; refuse a dirty tree."""
+    """Rewrite ``directory`` (patches + series) from the branch; refuse a dirty tree, a
+    rebase in progress and a repository without the version's tag and branch."""
+    if rebase_in_progress(repo):
+        raise KilnError(
+            f"a git rebase is in progress in {repo}; {fork_branch(version)} holds its commits "
+            "only when it is done: finish it (`git rebase --continue`, or `kiln rebase "
+            f"--continue --repo {repo}`) or abort it (`git rebase --abort`), then export"
+        )
+    for kind, ref in (("tag", f"refs/tags/{upstream_tag(version)}"),
+                      ("branch", f"refs/heads/{fork_branch(version)}")):
+        if not git(repo, "rev-parse", "-q", "--verify", ref, check=False).strip():
+            branches = git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/fork/").split()
+            raise KilnError(
+                f"{repo} has no {kind} {ref.split('/', 2)[2]} (its fork branches: {', '.join(branches) or 'none'}); "
+                f"export --version {version} needs the series at {version}: `kiln materialize "
+                f"--version {version}` or `kiln rebase --onto {version}`"
+            )
     dirty = is_dirty(repo)
     if dirty:
         raise KilnError(
@@ -103,9 +120,8 @@ def export(repo: Path, version: str, directory: Path) -> ExportResult:
     for name, text in wanted.items():
         path = directory / name
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_name(f".{name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            with replacing(path) as tmp:
+                tmp.write_text(text)
             written.append(name)
     removed = sorted(existing - set(wanted))
     for name in removed:

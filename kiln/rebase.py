@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.diff import parse_diff
 from kiln.errors import KilnError
-from kiln.git import DIFF_OPTIONS, git, git_env, is_dirty
+from kiln.git import DIFF_OPTIONS, git, git_env, is_dirty, rebase_in_progress
 from kiln.materialize import fork_branch, upstream_tag
 from kiln.series import SEPARATOR, Topic
 
@@ -118,11 +118,6 @@ def import_pristine(repo: Path, tree: Path, version: str) -> None:
     git(repo, "tag", upstream_tag(version), commit)
 
 
-def _rebase_in_progress(repo: Path) -> bool:
-    git_dir = Path(git(repo, "rev-parse", "--absolute-git-dir").strip())
-    return (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
-
-
 def _topic_of(repo: Path, commit: str) -> str:
     message = git(repo, "log", "-1", "--format=%B", commit)
     try:
@@ -141,7 +136,7 @@ def start(repo: Path, old: str, new: str, new_tree: Path) -> RebaseReport:
     if not (repo / ".git").exists():
         raise KilnError(f"{repo} is not a materialized repository; run `kiln materialize --into {repo}` "
                         "or leave out --repo to materialize one")
-    if _rebase_in_progress(repo):
+    if rebase_in_progress(repo):
         raise KilnError(f"a rebase is already in progress in {repo}; finish it with "
                         "`kiln rebase --continue --repo ...` (or `git rebase --abort` there)")
     dirty = is_dirty(repo)
@@ -168,7 +163,7 @@ def start(repo: Path, old: str, new: str, new_tree: Path) -> RebaseReport:
 def resume(repo: Path, skip: bool = False) -> RebaseReport:
     """Continue after a manual resolution (or ``skip``: retire the stopped topic)."""
     path = state_dir(repo) / "report.json"
-    if not path.exists() or not _rebase_in_progress(repo):
+    if not path.exists() or not rebase_in_progress(repo):
         raise KilnError(f"no kiln rebase is stopped in {repo}; start one with `kiln rebase --onto VERSION`")
     report = RebaseReport.from_json(json.loads(path.read_text()))
     stop = report.stops[-1]
@@ -193,7 +188,7 @@ def _git_status(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _after_step(repo: Path, report: RebaseReport, result: subprocess.CompletedProcess) -> RebaseReport:
-    if _rebase_in_progress(repo):
+    if rebase_in_progress(repo):
         if result.returncode == 0:
             raise KilnError(f"git rebase paused without a conflict in {repo}: {result.stdout.strip()}")
         report.stops.append(record_stop(repo, report.new))

@@ -1,9 +1,10 @@
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from kiln.errors import KilnError
-from kiln.git import git
+from kiln.git import git, git_env
 from kiln.materialize import export, materialize
 from kiln.series import Series
 from tests.unit.conftest import make_diff, write_patch
@@ -72,3 +73,37 @@ def test_materialize_refuses_a_non_empty_folder(pristine, series, tmp_path):
     (tmp_path / "git" / "x").write_text("")
     with pytest.raises(KilnError, match="not empty"):
         materialize(pristine, "1.0.0", series, tmp_path / "git")
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_export_refuses_while_a_rebase_is_stopped(pristine, series, tmp_path):
+    repo = materialize(pristine, "1.0.0", series, tmp_path / "git", log=lambda _: None)
+    export(repo, "1.0.0", series.directory)
+    before = _snapshot(series.directory)
+    # rebase -i stopped at the first topic ("edit"), which is then amended.
+    subprocess.run(["git", "-C", str(repo), "rebase", "-i", "v1.0.0"], check=True, capture_output=True,
+                   env={**git_env(), "GIT_SEQUENCE_EDITOR": "sed -i 1s/^pick/edit/"})
+    (repo / "vllm" / "b.py").write_text("def f(x):\n    return x - 2\n")
+    git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    with pytest.raises(KilnError) as err:
+        export(repo, "1.0.0", series.directory)
+    assert f"a git rebase is in progress in {repo}" in str(err.value)
+    assert "git rebase --continue" in str(err.value) and "git rebase --abort" in str(err.value)
+    assert _snapshot(series.directory) == before
+
+
+def test_export_onto_a_pin_the_repository_lacks_names_what_it_has(pristine, series, tmp_path):
+    repo = materialize(pristine, "1.0.0", series, tmp_path / "git", log=lambda _: None)
+    target = tmp_path / "patches-2.0.0"
+    with pytest.raises(KilnError) as err:
+        export(repo, "2.0.0", target)
+    assert f"{repo} has no tag v2.0.0 (its fork branches: fork/1.0.0)" in str(err.value)
+    git(repo, "tag", "v2.0.0", "v1.0.0")
+    with pytest.raises(KilnError) as err:
+        export(repo, "2.0.0", target)
+    assert f"{repo} has no branch fork/2.0.0 (its fork branches: fork/1.0.0)" in str(err.value)
+    assert "kiln rebase --onto 2.0.0" in str(err.value)
+    assert not target.exists()
