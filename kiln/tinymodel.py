@@ -39,6 +39,11 @@ from kiln.paths import REPO_ROOT, cache_dir
 
 CORPUS = REPO_ROOT / "tests" / "e2e" / "data" / "corpus.txt"
 STAMP = "kiln-tiny-model.json"
+# Every file a build writes: a rebuild replaces a folder holding these and nothing else.
+MODEL_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+    "tokenizer.json", "tokenizer_config.json", STAMP,
+})
 _NEEDS = ("torch", "transformers", "tokenizers")
 # Bump when the generator changes what it writes for the same spec.
 GENERATOR_VERSION = 1
@@ -776,16 +781,12 @@ def build(
     print_ = fingerprint(spec, corpus)
     if _stamp_matches(out, print_):
         return out
+    _refuse_foreign_files(out, MODEL_FILES)
     missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
     if missing:
         raise KilnError(
             f"tiny-model needs {', '.join(missing)} in this Python "
             f"({sys.executable}); run it with a vLLM environment's python"
-        )
-    if out.exists() and any(out.iterdir()) and not (out / STAMP).is_file():
-        raise KilnError(
-            f"{out} exists and is not a kiln tiny model folder; "
-            "pass an empty or new folder to --out"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and swap in whole, so a killed run leaves no
@@ -809,13 +810,38 @@ def build(
         tmp.chmod(0o755)
         for path in tmp.iterdir():
             path.chmod(0o644)
+        _refuse_foreign_files(out, MODEL_FILES | {p.name for p in tmp.iterdir()})
+        old = tmp.with_name(tmp.name + "-old")
         if out.exists():
-            shutil.rmtree(out)
+            out.rename(old)
         tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        # Never masks the error that ended the build.
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _refuse_foreign_files(out: Path, owned: frozenset[str] | set[str]) -> None:
+    """Refuse to replace ``out`` unless it is empty or holds a tiny model (its stamp)
+    and nothing but the files a build writes."""
+    if out.exists() and not out.is_dir():
+        raise KilnError(f"{out} is a file, not a folder; pass an empty or new folder to --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not (out / STAMP).is_file():
+        raise KilnError(
+            f"{out} exists and is not a kiln tiny model folder; "
+            "pass an empty or new folder to --out"
+        )
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in owned)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise KilnError(
+            f"{out} holds {shown}, which tiny-model did not write; it only replaces a "
+            "folder holding a tiny model and nothing else: move those out or pass an "
+            "empty or new folder to --out"
+        )
 
 
 def read_spec(folder: Path) -> TinySpec:

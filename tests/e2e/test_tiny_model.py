@@ -182,3 +182,21 @@ def test_help_explains_every_flag_the_sizes_and_the_copy_model() -> None:
     for name in tinymodel.PRESETS:
         assert f"  {name} " in text, name
     assert "p + 1 - P" in text and "copy_prompt" in text
+
+
+def test_a_stale_model_folder_is_rebuilt_and_a_foreign_file_stops_it(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    spec = tinymodel.preset("d64")
+    out = tinymodel.build(tmp_path / "m", spec=spec)
+    fresh = tinymodel.tree_digest(out)
+    stamp = json.loads((out / tinymodel.STAMP).read_text())
+    (out / tinymodel.STAMP).write_text(json.dumps({**stamp, "fingerprint": "an older one"}))
+    (out / "config.json").write_text("{}\n")
+    assert tinymodel.build(out, spec=spec) == out
+    assert tinymodel.tree_digest(out) == fresh
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+    (out / tinymodel.STAMP).write_text(json.dumps({**stamp, "fingerprint": "an older one"}))
+    (out / "README.md").write_text("mine\n")
+    with pytest.raises(tinymodel.KilnError, match="holds README.md, which tiny-model did not write"):
+        tinymodel.build(out, spec=spec)
+    assert (out / "README.md").read_text() == "mine\n"
