@@ -66,7 +66,7 @@ class UpstreamLock:
     def release(self, version: str | None = None) -> UpstreamRelease:
         version = version or self.default
         if version not in self.releases:
-            known = ", ".join(sorted(self.releases))
+            known = ", ".join(sorted(self.releases, key=version_key))
             raise KilnError(
                 f"upstream version {version} has no pinned hashes in {self.path.name} "
                 f"(pinned: {known}); pin it with `python -m kiln pin-bump --to {version}`"

@@ -161,8 +161,13 @@ def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
     lock's default). Each carried pin has its own folder, so every command reads the
     series of the pin it is asked about and none is left unread."""
 
-    version = version or UpstreamLock.load(root / "requirements" / "upstream.lock").default
+    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    version = version or lock.default
     path = root / "patches" / version
+    if version not in lock.releases:
+        if (path / "series").is_file():
+            raise _unpinned_series(path, lock)
+        lock.release(version)  # refuses, naming the pinned versions
     if not (path / "series").is_file():
         carried = ", ".join(carried_versions(root)) or "none"
         raise KilnError(f"no series for vLLM {version}: {path / 'series'} does not exist "
@@ -171,10 +176,24 @@ def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
 
 
 def carried_versions(root: Path = REPO_ROOT) -> list[str]:
-    """Every pin with a series folder under ``patches/``, oldest first."""
-    found = [p.name for p in (root / "patches").iterdir()
-             if VERSION_DIR.match(p.name) and (p / "series").is_file()]
-    return sorted(found, key=version_key)
+    """Every pin with a series folder under ``patches/``, oldest first; a folder for a
+    version the lock does not pin is refused."""
+    folders = sorted((p for p in (root / "patches").iterdir()
+                      if VERSION_DIR.match(p.name) and (p / "series").is_file()),
+                     key=lambda p: version_key(p.name))
+    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    for folder in folders:
+        if folder.name not in lock.releases:
+            raise _unpinned_series(folder, lock)
+    return [p.name for p in folders]
+
+
+def _unpinned_series(folder: Path, lock: UpstreamLock) -> KilnError:
+    return KilnError(
+        f"{folder} holds a series for vLLM {folder.name}, which {lock.path} does not pin "
+        f"(pinned: {', '.join(sorted(lock.releases, key=version_key))}); pin it with "
+        f"`python -m kiln pin-bump --to {folder.name}` or remove the folder"
+    )
 
 
 def parse_series_file(text: str) -> list[str]:

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     lock = UpstreamLock.load()
-    version = args.version or lock.default
+    version = lock.release(args.version).version
     snapshot = Snapshot.load(version)
     scan = (*UPSTREAM_SCAN, *FORK_SCAN)
     if args.tree:

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     lock = UpstreamLock.load()
-    old_version = args.old or lock.default
+    old_version = lock.release(args.old).version
+    lock.release(args.new)  # both pinned before either is fetched
     old, new = sdist_tree(old_version, lock), sdist_tree(args.new, lock)
     series = Series.load(args.patches or series_dir(old_version))
     overlays = [(REPO_ROOT / folder, target.replace("/", ".")) for folder, target in OVERLAY_DIRS]

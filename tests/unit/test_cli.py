@@ -2,8 +2,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+import kiln.fetch
 from kiln.cli import build_parser, main
+from kiln.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
 
 COMMANDS = ["apply", "build", "build-xgrammar", "export", "fetch", "gpu-bundle", "materialize",
@@ -54,3 +57,24 @@ def test_a_kiln_cache_that_is_a_file_is_one_error_line(tmp_path: Path, monkeypat
                    "is not a folder; point KILN_CACHE at a folder\n")
     assert cache.read_text() == "not a folder\n"
 
+
+
+@pytest.mark.parametrize("argv", [
+    ["apply", "--into", "{tmp}/applied"], ["build", "--out", "{tmp}/dist", "--no-xgrammar"],
+    ["export", "--from", "{tmp}/repo"], ["fa2-check"], ["fa2-snapshot"], ["fetch"],
+    ["materialize", "--into", "{tmp}/repo"], ["topics"], ["verify"],
+    ["port-check", "--to"], ["rebase", "--repo", "{tmp}/repo", "--onto"],
+])
+def test_a_version_the_lock_does_not_pin_is_refused_naming_the_pins(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    # Nothing may be fetched: a closed local port makes any download fail at once.
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    argv += ["9.9.9"] if argv[-1] in ("--to", "--onto") else ["--version", "9.9.9"]
+    assert main(argv) == 2
+    pinned = ", ".join(sorted(UpstreamLock.load().releases, key=version_key))
+    assert capsys.readouterr().err == (
+        f"kiln {argv[0]}: error: upstream version 9.9.9 has no pinned hashes in upstream.lock "
+        f"(pinned: {pinned}); pin it with `python -m kiln pin-bump --to 9.9.9`\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] in ([], ["cache"])

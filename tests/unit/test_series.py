@@ -86,3 +86,25 @@ def test_each_pin_has_its_own_series_folder_and_a_missing_one_is_named(tmp_path)
     assert series_dir(root=tmp_path) == tmp_path / "patches" / "1.10.0"
     with pytest.raises(KilnError, match=r"no series for vLLM 2\.0\.0: .* \(carried pins: 1\.9\.0, 1\.10\.0\)"):
         series_dir("2.0.0", tmp_path)
+
+
+def test_a_series_folder_for_a_pin_the_lock_lacks_is_refused_by_name(tmp_path):
+    from kiln.series import carried_versions, series_dir
+
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "upstream.lock").write_text(
+        'default = "1.0.0"\n[versions."1.0.0"]\nwheel = "w"\nwheel_sha256 = "0"\n'
+        'sdist = "s"\nsdist_sha256 = "0"\n')
+    for version in ("1.0.0", "1.1.0"):
+        (tmp_path / "patches" / version).mkdir(parents=True)
+        (tmp_path / "patches" / version / "series").write_text("")
+    expected = (f"{tmp_path / 'patches' / '1.1.0'} holds a series for vLLM 1.1.0, which "
+                f"{tmp_path / 'requirements' / 'upstream.lock'} does not pin (pinned: 1.0.0); "
+                "pin it with `python -m kiln pin-bump --to 1.1.0` or remove the folder")
+    with pytest.raises(KilnError) as err:
+        series_dir("1.1.0", tmp_path)
+    assert str(err.value) == expected
+    with pytest.raises(KilnError) as err:
+        carried_versions(tmp_path)  # what `verify --version all` reads, before verifying any
+    assert str(err.value) == expected
+    assert series_dir(root=tmp_path) == tmp_path / "patches" / "1.0.0"
