@@ -92,14 +92,15 @@ def export(repo: Path, version: str, directory: Path) -> ExportResult:
             "only when it is done: finish it (`git rebase --continue`, or `kiln rebase "
             f"--continue --repo {repo}`) or abort it (`git rebase --abort`), then export"
         )
-    for kind, ref in (("tag", f"refs/tags/{upstream_tag(version)}"),
-                      ("branch", f"refs/heads/{fork_branch(version)}")):
-        if not git(repo, "rev-parse", "-q", "--verify", ref, check=False).strip():
-            branches = git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/fork/").split()
+    for kind, name, ref in (("tag", upstream_tag(version), "refs/tags/"),
+                            ("branch", fork_branch(version), "refs/heads/")):
+        if not git(repo, "rev-parse", "-q", "--verify", ref + name, check=False).strip():
+            branches = git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/fork/")
             raise KilnError(
-                f"{repo} has no {kind} {ref.split('/', 2)[2]} (its fork branches: {', '.join(branches) or 'none'}); "
-                f"export --version {version} needs the series at {version}: `kiln materialize "
-                f"--version {version}` or `kiln rebase --onto {version}`"
+                f"{repo} has no {kind} {name} (its fork branches: "
+                f"{', '.join(branches.split()) or 'none'}); export --version {version} needs "
+                f"the series at {version}: `kiln materialize --version {version}` or "
+                f"`kiln rebase --onto {version}`"
             )
     dirty = is_dirty(repo)
     if dirty:

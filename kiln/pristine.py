@@ -1,7 +1,7 @@
 """PristineTree: the upstream sdist unpacked once into the cache, checked on every use.
 
 Beside each tree lies a manifest of its files (sha256, executable bit, link target)
-written when it was unpacked. Every use hashes the tree against it (about 0.3 s for
+written when it was unpacked. Every use hashes the tree against it (about 0.4 s CPU for
 vLLM 0.32.0's 7,729 files), so a file edited in the cache never flows into apply,
 materialize, verify or rebase: a tree that differs is unpacked again from the sdist,
 whose own sha256 ``fetch`` checked.
