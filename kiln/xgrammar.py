@@ -1,16 +1,19 @@
-"""The fork's xgrammar: the pinned 0.2.8 sdist + patches/xgrammar/, built into a wheel.
+"""The fork's xgrammar: the pinned 0.2.8 sdist + patches/xgrammar/, built into wheels.
 
 vLLM 0.32.0 pins xgrammar==0.2.8. The fork ships ``xgrammar-0.2.8+kiln.N`` beside its
 own wheel (the pin accepts a local version), rebuilt from the registry's sdist with a
-second patch series in the same format as ``patches/``. The sdist is checked against
-``requirements/xgrammar.lock``; the build (scikit-build-core: CMake + ninja, under
-pip's build isolation, constrained by ``requirements/xgrammar-build.txt``) is cached
-outside the repository, keyed by the hashes of everything that goes into it.
+second patch series in the same format as ``patches/``, once for each CPython the fork
+supports (``PYTHONS``), each tagged manylinux for the glibc it needs (kiln/manylinux.py).
+The sdist is checked against ``requirements/xgrammar.lock``; each build (scikit-build-core:
+CMake + ninja, under that Python's pip with build isolation, constrained by
+``requirements/xgrammar-build.txt``) is cached outside the repository, keyed by the
+hashes of everything that goes into it, that Python's version included.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,13 +22,14 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.fetch import fetch_pinned, download_from_index, sha256_of
 from kiln.lock import PinnedFile
+from kiln.manylinux import TOOLS_REQUIREMENTS, repair
 from kiln.patching import apply_series
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.series import Series, Topic
@@ -40,6 +44,12 @@ RUNTIME_MODULES = ("torch", "transformers", "pydantic", "tvm_ffi", "numpy", "mis
 PATCH_DIR = REPO_ROOT / "patches" / "xgrammar"
 # ninja's progress lines, as scikit-build-core passes them through with pip -v.
 _NINJA_STEP = re.compile(r"\[(\d+)/(\d+)\]")
+# The CPythons the fork's xgrammar is built for: vLLM 0.32/0.33 accept 3.11 to 3.14;
+# 3.14 waits for an interpreter on the build machines.
+PYTHONS = ("3.11", "3.12", "3.13")
+# The bindings link libtvm_ffi.so, which the apache-tvm-ffi requirement ships; upstream's
+# release builds leave it out of the wheel the same way.
+PROVIDED_LIBS = ("libtvm_ffi.so",)
 
 Log = Callable[[str], None]
 
@@ -76,12 +86,105 @@ class XgrammarLock:
 
 
 @dataclass(frozen=True)
+class Interpreter:
+    """A CPython to build the wheel with; its full ``sys.version`` is part of the cache key."""
+
+    version: str  # "3.12"
+    path: Path
+    build: str  # its sys.version
+
+    @property
+    def tag(self) -> str:
+        """The wheel's Python tag, e.g. cp312."""
+        return "cp" + self.version.replace(".", "")
+
+
+@dataclass(frozen=True)
 class XgrammarBuild:
     path: Path  # the wheel in the output folder
     version: str
+    python: str  # "3.12"
     topics: list[str]
     cached: bool
     seconds: float
+
+
+# Prints what find_python needs to know of a candidate interpreter, as JSON.
+_PROBE = ("import importlib.util, json, sys; print(json.dumps({'version': '%d.%d' % "
+          "sys.version_info[:2], 'build': sys.version, "
+          "'pip': importlib.util.find_spec('pip') is not None}))")
+
+
+def parse_pythons(values: Iterable[str]) -> tuple[str, ...]:
+    """``["3.12"]``, ``["3.11,3.13"]``: the Python versions asked for, in PYTHONS' order."""
+    asked: set[str] = set()
+    for value in values:
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            if item not in PYTHONS:
+                raise KilnError(f"--python {item!r} is not a Python the fork's xgrammar is built "
+                                f"for (allowed: {', '.join(PYTHONS)})")
+            asked.add(item)
+    if not asked:
+        raise KilnError(f"no Python given (allowed: {', '.join(PYTHONS)})")
+    return tuple(v for v in PYTHONS if v in asked)
+
+
+def _candidates(version: str) -> list[Path]:
+    """Where a CPython ``version`` may be: this one, PATH, then pyenv's newest patch first."""
+    found = []
+    if "%d.%d" % sys.version_info[:2] == version:
+        found.append(Path(sys.executable))
+    if on_path := shutil.which(f"python{version}"):
+        found.append(Path(on_path))
+    versions = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    patches = versions.glob(f"{version}.*/bin/python{version}")
+    found += sorted(patches, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parts[-3])],
+                    reverse=True)
+    return found
+
+
+def find_python(version: str) -> tuple[Interpreter | None, str]:
+    """The first candidate that is CPython ``version`` with pip, or None and what was seen."""
+    seen = []
+    for path in _candidates(version):
+        try:
+            result = subprocess.run([str(path), "-c", _PROBE], capture_output=True, text=True,
+                                    timeout=60)
+            info = json.loads(result.stdout) if result.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            info = None
+        if info is None:
+            seen.append(f"{path} does not run")
+        elif info["version"] != version:
+            seen.append(f"{path} is Python {info['version']}")
+        elif not info["pip"]:
+            seen.append(f"{path} has no pip (`{path} -m ensurepip` adds it)")
+        else:
+            return Interpreter(version, path, info["build"]), ""
+    return None, "; ".join(seen)
+
+
+def find_pythons(versions: Sequence[str] = PYTHONS) -> list[Interpreter]:
+    """An interpreter for each version, or an error naming every one missing and the way out."""
+    found, missing = [], {}
+    for version in versions:
+        python, seen = find_python(version)
+        if python is None:
+            missing[version] = seen
+        else:
+            found.append(python)
+    if missing:
+        named = "; ".join(
+            f"Python {v} (looked for python{v} on PATH and under $PYENV_ROOT/versions/{v}.*"
+            + (f": {seen}" if seen else "") + ")" for v, seen in missing.items())
+        others = ",".join(p.version for p in found)
+        raise KilnError(
+            f"the fork's xgrammar is built with each Python asked for ({', '.join(versions)}); "
+            f"not found: {named}. Install with "
+            + " and ".join(f"`pyenv install {v}`" for v in missing)
+            + " (or your distribution's python3.X and its pip)"
+            + (f", or build only for the others with --python {others}" if others else ""))
+    return found
 
 
 def load_series(directory: Path = PATCH_DIR) -> Series:
@@ -99,34 +202,70 @@ def fetch_sdist(lock: XgrammarLock, log: Log = print) -> Path:
                         f"{LOCK_PATH} (sdist)")
 
 
-def build_key(lock: XgrammarLock, topics: list[Topic], version: str) -> str:
-    """Hash of all that decides a wheel's bytes: sdist, patches, version, pins, interpreter."""
+def build_key(lock: XgrammarLock, topics: list[Topic], version: str, python: Interpreter) -> str:
+    """Hash of all that decides a wheel's bytes: sdist, patches, version, pins, interpreter,
+    and the tools that tag it."""
     digest = hashlib.sha256()
-    for part in (lock.sdist.sha256, version, sys.version, BUILD_CONSTRAINTS.read_text()):
+    for part in (lock.sdist.sha256, version, python.build, BUILD_CONSTRAINTS.read_text(),
+                 TOOLS_REQUIREMENTS.read_text()):
         digest.update(part.encode() + b"\0")
     for topic in topics:
         digest.update(topic.path.name.encode() + b"\0" + topic.path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
-def build_xgrammar(out: Path, log: Log = print) -> XgrammarBuild:
-    """Build (or reuse) the fork's xgrammar wheel and copy it into ``out``."""
-    started = time.monotonic()
+def build_xgrammar(out: Path, pythons: Sequence[Interpreter] | None = None,
+                   log: Log = print) -> list[XgrammarBuild]:
+    """Build (or reuse) the fork's xgrammar wheel for each Python (default: all of PYTHONS)
+    and copy them into ``out``; nothing is copied unless every build succeeded."""
     lock = XgrammarLock.load()
     series = load_series()
-    wheel, cached = fork_wheel(lock, series, log)
-    return XgrammarBuild(
-        path=_publish(wheel, out),
-        version=lock.fork_version,
-        topics=[t.name for t in series.topics],
-        cached=cached,
-        seconds=time.monotonic() - started,
-    )
+    pythons = find_pythons() if pythons is None else pythons
+    built = []
+    for i, python in enumerate(pythons, 1):
+        started = time.monotonic()
+        log(f"xgrammar {lock.fork_version} for Python {python.version} ({i} of {len(pythons)}, "
+            f"{python.path})")
+        wheel, cached = fork_wheel(lock, series, log, python)
+        built.append((python, wheel, cached, time.monotonic() - started))
+    builds = [XgrammarBuild(path=_publish(wheel, out), version=lock.fork_version,
+                            python=python.version, topics=[t.name for t in series.topics],
+                            cached=cached, seconds=seconds)
+              for python, wheel, cached, seconds in built]
+    for python, build in zip(pythons, builds):
+        # An older build of this version for this Python (another tag) would sit beside it
+        # in pip's --find-links; only the new one stays.
+        for stale in out.glob(f"xgrammar-{lock.fork_version}-{python.tag}-{python.tag}-*.whl"):
+            if stale != build.path:
+                stale.unlink()
+    return builds
 
 
-def fork_wheel(lock: XgrammarLock, series: Series, log: Log = print) -> tuple[Path, bool]:
-    """The cached fork wheel (built if missing) and whether it was already cached."""
-    return _wheel(lock, series.topics, lock.fork_version, log)
+def wheel_for_python(wheels: Iterable[Path], version: str) -> Path:
+    """The one wheel among ``wheels`` built for CPython ``version`` (by its Python tag)."""
+    wheels = list(wheels)
+    tag = "cp" + version.replace(".", "")
+    # {distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl
+    matching = [w for w in wheels if tag in w.name[:-len(".whl")].split("-")[-3].split(".")]
+    names = ", ".join(w.name for w in wheels)
+    if not matching:
+        raise KilnError(f"no xgrammar wheel for Python {version} ({tag}) among: {names}; "
+                        f"build it with `python3 -m kiln build-xgrammar --python {version}`")
+    if len(matching) > 1:
+        raise KilnError(f"more than one xgrammar wheel for Python {version} ({tag}): {names}")
+    return matching[0]
+
+
+def this_python() -> Interpreter:
+    """The running interpreter, as a build target."""
+    return Interpreter("%d.%d" % sys.version_info[:2], Path(sys.executable), sys.version)
+
+
+def fork_wheel(lock: XgrammarLock, series: Series, log: Log = print,
+               python: Interpreter | None = None) -> tuple[Path, bool]:
+    """The cached fork wheel for ``python`` (default: this one), built if missing, and
+    whether it was already cached."""
+    return _wheel(lock, series.topics, lock.fork_version, python or this_python(), log)
 
 
 def rebuilt_stock_wheel(lock: XgrammarLock, series: Series, log: Log = print) -> Path:
@@ -136,16 +275,18 @@ def rebuilt_stock_wheel(lock: XgrammarLock, series: Series, log: Log = print) ->
     against the registry's wheel, which upstream builds with a newer GCC in manylinux.
     """
     topics = [t for t in series.topics if t.kind == "local"]
-    return _wheel(lock, topics, f"{lock.version}+rebuilt", log)[0]
+    return _wheel(lock, topics, f"{lock.version}+rebuilt", this_python(), log)[0]
 
 
-def _wheel(lock: XgrammarLock, topics: list[Topic], version: str, log: Log) -> tuple[Path, bool]:
+def _wheel(lock: XgrammarLock, topics: list[Topic], version: str, python: Interpreter,
+           log: Log) -> tuple[Path, bool]:
     sdist = fetch_sdist(lock, log)
-    cache = cache_dir() / "xgrammar" / f"build-{build_key(lock, topics, version)}"
+    cache = cache_dir() / "xgrammar" / f"build-{build_key(lock, topics, version, python)}"
     wheel = _cached_wheel(cache)
     if wheel is not None:
+        log(f"  {wheel.name}: from the cache")
         return wheel, True
-    return _build_into_cache(sdist, topics, version, cache, log), False
+    return _build_into_cache(sdist, topics, version, python, cache, log), False
 
 
 def _cached_wheel(cache: Path) -> Path | None:
@@ -153,24 +294,25 @@ def _cached_wheel(cache: Path) -> Path | None:
     return wheels[0] if len(wheels) == 1 else None
 
 
-def _build_into_cache(sdist: Path, topics: list[Topic], version: str, cache: Path,
-                      log: Log) -> Path:
-    """Unpack, patch and build in a temporary folder; the cache folder appears only whole."""
+def _build_into_cache(sdist: Path, topics: list[Topic], version: str, python: Interpreter,
+                      cache: Path, log: Log) -> Path:
+    """Unpack, patch, build and tag in a temporary folder; the cache folder appears only whole."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache.parent, prefix=f".{cache.name}.") as tmp:
         tree = _unpack(sdist, Path(tmp) / "src")
         apply_series(tree, topics,
                      lambda topic, offsets: log(f"applied {topic.path.name}"
                                                 + "".join(f"\n  {o}" for o in offsets)))
-        built = Path(tmp) / "wheel"
-        _pip_wheel(tree, built, version, log)
-        wheels = list(built.glob("xgrammar-*.whl"))
+        raw = Path(tmp) / "raw"
+        _pip_wheel(tree, raw, version, python, log)
+        wheels = list(raw.glob("xgrammar-*.whl"))
         if len(wheels) != 1:
             raise KilnError(
                 f"the build wrote {[w.name for w in wheels]}, expected one xgrammar wheel")
+        tagged = repair(wheels[0], Path(tmp) / "wheel", PROVIDED_LIBS, log)
         shutil.rmtree(cache, ignore_errors=True)
-        os.replace(built, cache)
-    return cache / wheels[0].name
+        os.replace(tagged.parent, cache)
+    return cache / tagged.name
 
 
 def _unpack(sdist: Path, into: Path) -> Path:
@@ -182,16 +324,17 @@ def _unpack(sdist: Path, into: Path) -> Path:
     return roots[0]
 
 
-def _pip_wheel(tree: Path, dest: Path, version: str, log: Log) -> None:
-    """pip wheel with build isolation; ninja's [k/n] lines are reported as progress."""
+def _pip_wheel(tree: Path, dest: Path, version: str, python: Interpreter, log: Log) -> None:
+    """``python``'s pip wheel with build isolation; ninja's [k/n] lines are reported as progress."""
     env = dict(os.environ)
     env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
     env["PIP_CONSTRAINT"] = str(BUILD_CONSTRAINTS)
     # 2 cores on CI and developer machines; more jobs only thrash memory during LTO.
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
-    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--disable-pip-version-check",
-           "-w", str(dest), str(tree)]
-    log(f"building xgrammar {version} (CMake + ninja, {env['CMAKE_BUILD_PARALLEL_LEVEL']} jobs)")
+    cmd = [str(python.path), "-m", "pip", "wheel", "-v", "--no-deps",
+           "--disable-pip-version-check", "-w", str(dest), str(tree)]
+    log(f"building xgrammar {version} for Python {python.version} (CMake + ninja, "
+        f"{env['CMAKE_BUILD_PARALLEL_LEVEL']} jobs)")
     tail: list[str] = []
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
@@ -199,10 +342,10 @@ def _pip_wheel(tree: Path, dest: Path, version: str, log: Log) -> None:
         for line in proc.stdout:
             tail = (tail + [line])[-60:]
             if m := _NINJA_STEP.search(line):
-                log(f"  compile step {m.group(1)}/{m.group(2)}")
+                log(f"  {python.tag}: compile step {m.group(1)}/{m.group(2)}")
     if proc.returncode != 0:
-        raise KilnError(f"building the xgrammar wheel failed (pip exit {proc.returncode}):\n"
-                        + "".join(tail))
+        raise KilnError(f"building the xgrammar wheel for Python {python.version} failed "
+                        f"(pip exit {proc.returncode}):\n" + "".join(tail))
 
 
 def _publish(wheel: Path, out: Path) -> Path:

@@ -1,10 +1,15 @@
-"""Build the fork's xgrammar wheel (xgrammar-0.2.8+kiln.N) into dist/.
+"""Build the fork's xgrammar wheels (xgrammar-0.2.8+kiln.N) into dist/, one per Python.
 
 Fetches the xgrammar sdist pinned in requirements/xgrammar.lock, applies the series
-in patches/xgrammar/ (GNU patch, fuzz 0) and builds it with CMake and ninja. The
-build is cached under $KILN_CACHE (default ~/.cache/kiln), keyed by the hashes of
-the sdist, the patches and the build pins, so a rebuild of the same inputs is a copy.
-Install it beside the fork wheel with requirements/xgrammar-constraints.txt.
+in patches/xgrammar/ (GNU patch, fuzz 0) and builds it with CMake and ninja under
+each supported CPython (3.11, 3.12, 3.13; --python picks some), found on PATH or
+under pyenv; auditwheel then tags each wheel manylinux_2_X for the glibc it needs.
+Each build is cached under $KILN_CACHE (default ~/.cache/kiln), keyed by the hashes
+of the sdist, the patches, the build pins and that Python's version, so a rebuild of
+the same inputs is a copy. A Python that is not found stops the command before
+anything is built, naming it. Install beside the fork wheel with
+requirements/xgrammar-constraints.txt and --find-links, as the README shows: pip
+takes the wheel whose tags match its Python.
 """
 
 from __future__ import annotations
@@ -14,20 +19,32 @@ import sys
 from pathlib import Path
 
 from kiln.paths import REPO_ROOT
-from kiln.xgrammar import build_xgrammar
+from kiln.xgrammar import PYTHONS, XgrammarBuild, build_xgrammar, find_pythons, parse_pythons
 
 NAME = "build-xgrammar"
-HELP = "build the fork's xgrammar wheel (0.2.8 + patches/xgrammar/) into dist/"
+HELP = "build the fork's xgrammar wheels (0.2.8 + patches/xgrammar/) into dist/"
+
+
+def add_python_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--python", action="append", metavar="X.Y",
+                        help="build the xgrammar wheel only for these Pythons, repeatable or "
+                        f"comma-separated: {', '.join(PYTHONS)} (default: all)")
+
+
+def report(builds: list[XgrammarBuild]) -> None:
+    for build in builds:
+        source = "reused the cached build" if build.cached else "built"
+        print(f"{source} {build.path} (Python {build.python}, {len(build.topics)} patch(es)) "
+              f"in {build.seconds:.0f} s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "dist",
                         help="output folder (default: dist/)")
+    add_python_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    build = build_xgrammar(args.out, log=lambda m: print(m, file=sys.stderr, flush=True))
-    source = "reused the cached build" if build.cached else "built"
-    print(f"{source} {build.path} ({build.version}, {len(build.topics)} patch(es)) "
-          f"in {build.seconds:.0f} s")
+    pythons = find_pythons(parse_pythons(args.python or PYTHONS))
+    report(build_xgrammar(args.out, pythons, log=lambda m: print(m, file=sys.stderr, flush=True)))
     return 0

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 from kiln.paths import REPO_ROOT
-from kiln.xgrammar import XgrammarLock, build_xgrammar, load_series
+from kiln.xgrammar import PYTHONS, XgrammarLock, build_xgrammar, find_pythons, load_series
 from tests.xgrammar.conftest import decisions
 
 
@@ -24,14 +24,27 @@ def test_series_headers_are_complete_and_cut_against_the_lock():
     assert [t.fields["Cut-against"] for t in series.topics] == [lock.version] * len(series.topics)
 
 
-def test_build_publishes_the_wheel_whole(envs, tmp_path: Path):
-    """A rebuild of cached inputs is a copy; nothing but the wheel lands in --out."""
-    build = build_xgrammar(tmp_path / "dist", log=lambda _: None)
-    assert build.cached
-    assert [p.name for p in (tmp_path / "dist").iterdir()] == [build.path.name]
-    with zipfile.ZipFile(build.path) as zf:
-        metadata = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        assert f"\nVersion: {build.version}\n" in zf.read(metadata).decode()
+def test_build_publishes_the_wheels_whole_and_replaces_an_older_tag(tmp_path: Path):
+    """A rebuild of cached inputs is a copy; nothing but the wheels lands in --out, and an
+    earlier build of this version for one of the Pythons (another tag) is replaced."""
+    pythons = find_pythons(PYTHONS)
+    build_xgrammar(tmp_path / "first", pythons, log=lambda _: None)  # builds what is missing
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    version = XgrammarLock.load().fork_version
+    older = dist / f"xgrammar-{version}-cp311-cp311-linux_x86_64.whl"
+    other = dist / "xgrammar-0.2.8+kiln.1-cp311-cp311-linux_x86_64.whl"
+    for path in (older, other):
+        path.write_bytes(b"an earlier build")
+    builds = build_xgrammar(dist, pythons, log=lambda _: None)
+    assert [b.python for b in builds] == list(PYTHONS)
+    assert all(b.cached for b in builds)
+    assert sorted(p.name for p in dist.iterdir()) == sorted(
+        [other.name] + [b.path.name for b in builds])
+    for build in builds:
+        with zipfile.ZipFile(build.path) as zf:
+            metadata = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            assert f"\nVersion: {build.version}\n" in zf.read(metadata).decode()
 
 
 def _string_schema(**bounds: int) -> dict:
