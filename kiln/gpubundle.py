@@ -8,7 +8,8 @@ A GPU machine with Python 3.12 and a CUDA torch >= 2.11 but no network and no vL
     vllm-python.tar.xz         the wheel's Python and data files
     compiled/vllm/*.so.xz      the compiled extensions it needs, slimmed to the archs
     standins/...               empty modules in place of extensions left out
-    wheels/*.whl               requirements/gpu-bundle.lock: what such a machine lacks
+    wheels/*.whl               requirements/gpu-bundle.lock: what such a machine lacks,
+                               and the fork's xgrammar built for that Python
     src/                       kiln, tests, bench, kvarn, pyproject.toml: the tier's sources
 
 The pieces that take long (slimming and compressing 124 MB of extensions, compressing
@@ -44,6 +45,7 @@ from kiln.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS,
 from kiln.metadata import upstream_dist_info
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.wheel import build_wheel
+from kiln.xgrammar import XgrammarLock, find_pythons, fork_wheel, load_series, wheel_for_python
 
 ALLOWED_ARCHS = (80, 86, 89, 90)
 DEFAULT_ARCHS = (90,)
@@ -292,19 +294,58 @@ def check_budget(parts: dict[str, int], limit: int) -> None:
             + ", ".join(f"{name} {mib(size)}" for name, size in largest))
 
 
-def _manifest(stage: Path, version: str, archs: tuple[int, ...], lock: GpuBundleLock) -> dict:
+def platform_tags(wheel: str) -> list[str]:
+    """The platform tags of a wheel's file name (the last of its dash-separated fields)."""
+    return wheel[:-len(".whl")].split("-")[-1].split(".")
+
+
+def glibc_needed(wheels: Iterable[str]) -> str | None:
+    """The newest glibc any of the wheels needs: per wheel, its oldest manylinux_2_X tag."""
+    needed = []
+    for wheel in wheels:
+        minors = [int(t.split("_")[2]) for t in platform_tags(wheel) if t.startswith("manylinux_2_")]
+        needed += [min(minors)] if minors else []
+    return f"2.{max(needed)}" if needed else None
+
+
+def _manifest(stage: Path, version: str, archs: tuple[int, ...], lock: GpuBundleLock,
+              xgrammar: Path) -> dict:
     files = {}
     for path in sorted(p for p in stage.rglob("*") if p.is_file()):
         files[str(path.relative_to(stage))] = {"size": path.stat().st_size,
                                                "sha256": sha256_of(path)}
+    # The installer passes these tags to pip: the lock's, and the fork xgrammar's own.
+    platforms = list(lock.platforms)
+    platforms += [t for t in platform_tags(xgrammar.name) if t not in platforms]
     return {
         "fork_version": version,
         "archs": list(archs),
         "python_version": lock.python_version,
-        "platforms": list(lock.platforms),
+        "platforms": platforms,
+        "glibc": glibc_needed(p.name for p in (stage / WHEELS).glob("*.whl")),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
     }
+
+
+def bundle_xgrammar(python_version: str, given: Path | None, log: Log) -> Path:
+    """The fork's xgrammar wheel for the bundle's Python: ``given``, checked, or the
+    cached build for it (built like `kiln build` when missing)."""
+    lock = XgrammarLock.load()
+    if given is None:
+        try:
+            [python] = find_pythons([python_version])
+        except KilnError as e:
+            raise KilnError(f"{e}; or give a built one with --xgrammar") from None
+        return fork_wheel(lock, load_series(), log, python)[0]
+    if not given.is_file():
+        raise KilnError(f"{given}: no such wheel; build one with "
+                        f"`python3 -m kiln build-xgrammar --python {python_version}`")
+    wheel_for_python([given], python_version)
+    if not given.name.startswith(f"xgrammar-{lock.fork_version}-"):
+        raise KilnError(f"{given.name} is not the fork's xgrammar {lock.fork_version}, which the "
+                        "bundle carries (requirements/xgrammar.lock)")
+    return given
 
 
 def _check_out(out: Path) -> None:
@@ -325,9 +366,13 @@ def _publish(stage: Path, out: Path) -> None:
 
 
 def build_gpu_bundle(out: Path, archs: tuple[int, ...] = DEFAULT_ARCHS, wheel: Path | None = None,
-                     *, limit: int = SIZE_LIMIT, root: Path = REPO_ROOT,
-                     log: Log = print) -> GpuBundle:
-    """Write the bundle to ``out`` (replacing an earlier bundle there), or nothing at all."""
+                     xgrammar: Path | None = None, *, limit: int = SIZE_LIMIT,
+                     root: Path = REPO_ROOT, log: Log = print) -> GpuBundle:
+    """Write the bundle to ``out`` (replacing an earlier bundle there), or nothing at all.
+
+    ``wheel`` is the fork wheel and ``xgrammar`` the fork's xgrammar wheel for the
+    bundle's Python; each is built from this checkout when not given.
+    """
     started = time.monotonic()
     archs = parse_archs(str(a) for a in archs)
     out = out.resolve()
@@ -335,8 +380,9 @@ def build_gpu_bundle(out: Path, archs: tuple[int, ...] = DEFAULT_ARCHS, wheel: P
     if wheel is not None and not wheel.is_file():
         raise KilnError(f"{wheel}: no such wheel; build one with `python3 -m kiln build`")
     lock = GpuBundleLock.load(root / "requirements" / LOCK_PATH.name)
+    xgrammar = bundle_xgrammar(lock.python_version, xgrammar, log)
     log(f"checking the {len(lock.wheels)} pinned wheels (downloading what the cache lacks)")
-    wheels = lock.fetch(log)
+    wheels = [*lock.fetch(log), xgrammar]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if wheel is None:
@@ -355,7 +401,7 @@ def build_gpu_bundle(out: Path, archs: tuple[int, ...] = DEFAULT_ARCHS, wheel: P
             standin.write_text(STANDIN_TEXT)
             shutil.copyfile(RUN_SCRIPT, stage / RUN)
             (stage / RUN).chmod(0o755)
-            manifest = _manifest(stage, version, archs, lock)
+            manifest = _manifest(stage, version, archs, lock, xgrammar)
             (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
             parts = _parts(stage)
             check_budget(parts, limit)

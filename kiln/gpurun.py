@@ -62,14 +62,16 @@ class Machine:
     gpus: int = 0
     device: str | None = None
     capability: str | None = None  # "9.0"
+    glibc: str | None = None  # "2.39"; None: not a glibc system, or unknown
 
     @classmethod
     def read(cls) -> Machine:
         python = ".".join(map(str, sys.version_info[:3]))
+        glibc = glibc_version()
         try:
             import torch
         except ImportError:
-            return cls(python)
+            return cls(python, glibc=glibc)
         try:
             import triton
             triton_version = triton.__version__
@@ -78,10 +80,19 @@ class Machine:
         cuda = torch.version.cuda
         gpus = torch.cuda.device_count() if cuda else 0
         if not gpus:
-            return cls(python, torch.__version__, cuda, triton_version)
+            return cls(python, torch.__version__, cuda, triton_version, glibc=glibc)
         major, minor = torch.cuda.get_device_capability(0)
         return cls(python, torch.__version__, cuda, triton_version, gpus,
-                   torch.cuda.get_device_name(0), f"{major}.{minor}")
+                   torch.cuda.get_device_name(0), f"{major}.{minor}", glibc)
+
+
+def glibc_version() -> str | None:
+    """This machine's glibc version ("2.39"), or None where the C library is not glibc."""
+    try:
+        name, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
+    except (ValueError, OSError):
+        return None
+    return version if name == "glibc" else None
 
 
 def load_manifest(bundle: Path) -> dict:
@@ -113,6 +124,10 @@ def refusal(machine: Machine, manifest: dict) -> str | None:
     if _version(machine.python) != _version(python):
         return (f"this is Python {machine.python}; the bundle's wheels are for Python "
                 f"{python} (set KILN_PYTHON to another interpreter)")
+    glibc = manifest.get("glibc")
+    if glibc and machine.glibc and _version(machine.glibc) < _version(glibc):
+        return (f"this machine's glibc is {machine.glibc}; the bundle's wheels need glibc "
+                f">= {glibc} (their manylinux tags)")
     if machine.torch is None:
         return f"no torch in Python {machine.python}; a CUDA build of torch >= 2.11 is needed"
     if machine.torch_cuda is None:

@@ -28,15 +28,26 @@ from kiln.errors import KilnError
 from kiln.gpubundle import CARRIED, SIZE_LIMIT, STANDIN_FA2, build_gpu_bundle
 from kiln.gpulock import GpuBundleLock
 from kiln.gpurun import gpu_visible
+from kiln.xgrammar import XgrammarLock, build_xgrammar, find_pythons
 
 C_OPS = "vllm/_C_stable_libtorch.abi3.so"
 
 
 @pytest.fixture(scope="module")
-def bundle(fork_wheel, tmp_path_factory):
+def xgrammar_cp312(tmp_path_factory) -> Path:
+    """The fork's xgrammar for the bundle's Python, as `kiln build` writes it (cached)."""
+    out = tmp_path_factory.mktemp("xgrammar")
+    [build] = build_xgrammar(out, find_pythons([GpuBundleLock.load().python_version]),
+                             log=lambda _: None)
+    return build.path
+
+
+@pytest.fixture(scope="module")
+def bundle(fork_wheel, xgrammar_cp312, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu90") / "bundle"
     log: list[str] = []
     started = time.monotonic()
+    # No --xgrammar: the bundle takes the cached cp312 build itself, as by default.
     built = build_gpu_bundle(out, (90,), fork_wheel, log=log.append)
     print(f"\ngpu-bundle --arch 90: {time.monotonic() - started:.0f} s\n" + "\n".join(log))
     return built
@@ -73,26 +84,46 @@ def test_the_manifest_lists_every_file_with_its_size_and_sha256(bundle, fork_whe
     assert manifest["built"].endswith("Z")
 
 
-def test_every_pinned_wheel_is_there_with_its_pinned_hash(bundle):
+def test_the_manifest_names_the_platforms_and_glibc_of_the_fork_xgrammar(bundle, xgrammar_cp312):
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    lock = GpuBundleLock.load()
+    platform = xgrammar_cp312.name[:-len(".whl")].split("-")[-1]
+    assert platform.startswith("manylinux_2_")
+    assert manifest["platforms"] == list(lock.platforms) + (
+        [] if platform in lock.platforms else [platform])
+    # The fork's build (GCC 12 here) needs a newer glibc than any registry wheel carried.
+    assert manifest["glibc"] == "2." + platform.split("_")[2]
+    for wheel in (bundle.path / "wheels").iterdir():
+        minors = [int(t.split("_")[2]) for t in wheel.name[:-4].split("-")[-1].split(".")
+                  if t.startswith("manylinux_2_")]
+        assert not minors or min(minors) <= int(platform.split("_")[2]), wheel.name
+
+
+def test_every_pinned_wheel_and_the_fork_xgrammar_are_there(bundle, xgrammar_cp312):
     lock = GpuBundleLock.load()
     wheels = bundle.path / "wheels"
-    assert sorted(p.name for p in wheels.iterdir()) == sorted(w.pin.name for w in lock.wheels)
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(
+        [w.pin.name for w in lock.wheels] + [xgrammar_cp312.name])
     for wheel in lock.wheels:
         assert hashlib.sha256((wheels / wheel.pin.name).read_bytes()).hexdigest() == wheel.pin.sha256
+    assert (wheels / xgrammar_cp312.name).read_bytes() == xgrammar_cp312.read_bytes()
+    fork = XgrammarLock.load().fork_version
+    assert xgrammar_cp312.name.startswith(f"xgrammar-{fork}-cp312-cp312-manylinux_2_")
 
 
 def test_the_pinned_versions_satisfy_the_fork_wheels_requirements(fork_zip):
     metadata = next(n for n in fork_zip.namelist() if n.endswith(".dist-info/METADATA"))
     pinned = {w.project: w.version for w in GpuBundleLock.load().wheels}
-    checked = 0
+    pinned["xgrammar"] = XgrammarLock.load().fork_version  # the fork's build, carried too
+    checked = set()
     for line in fork_zip.read(metadata).decode().partition("\n\n")[0].splitlines():
         if line.startswith("Requires-Dist: ") and "extra ==" not in line:
             req = Requirement(line[len("Requires-Dist: "):])
             version = pinned.get(canonicalize_name(req.name))
             if version is not None:
                 assert req.specifier.contains(version, prereleases=True), (req, version)
-                checked += 1
-    assert checked >= 20
+                checked.add(canonicalize_name(req.name))
+    assert len(checked) >= 20 and "xgrammar" in checked
 
 
 def test_the_stand_in_pynvml_and_the_run_script_are_there(bundle):
@@ -206,22 +237,24 @@ def test_an_arch_outside_the_allowed_set_is_a_clean_error(fork_wheel, tmp_path, 
     assert not (tmp_path / "b").exists()
 
 
-def test_a_corrupted_pinned_wheel_is_refused_naming_both_hashes(fork_wheel, tmp_path,
-                                                                monkeypatch):
+def test_a_corrupted_pinned_wheel_is_refused_naming_both_hashes(fork_wheel, xgrammar_cp312,
+                                                                tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     first = GpuBundleLock.load().wheels[0].pin
     (tmp_path / "cache" / "upstream").mkdir(parents=True)
     (tmp_path / "cache" / "upstream" / first.name).write_bytes(b"corrupted")
     with pytest.raises(KilnError) as err:
-        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, log=lambda _: None)
+        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, xgrammar_cp312, log=lambda _: None)
     assert str(err.value).startswith(f"{first.name}: sha256 mismatch (expected {first.sha256}, "
                                      f"got {hashlib.sha256(b'corrupted').hexdigest()})")
     assert not (tmp_path / "b").exists()
 
 
-def test_an_over_budget_bundle_is_refused_naming_its_largest_parts(bundle, fork_wheel, tmp_path):
+def test_an_over_budget_bundle_is_refused_naming_its_largest_parts(bundle, fork_wheel,
+                                                                   xgrammar_cp312, tmp_path):
     with pytest.raises(KilnError) as err:
-        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, limit=20 * 2**20, log=lambda _: None)
+        build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, xgrammar_cp312, limit=20 * 2**20,
+                         log=lambda _: None)
     message = str(err.value)
     assert message.startswith(f"the bundle would be {bundle.size / 2**20:.1f} MiB, over its "
                               "20.0 MiB limit; largest parts: compiled/vllm/_C_stable_libtorch")
@@ -254,7 +287,9 @@ def test_install_lays_out_the_wheels_python_compiled_files_and_stand_ins(bundle,
     assert (site / "vllm" / "third_party" / "pynvml.py").is_file()
     assert os.access(site / "bin" / "vllm", os.X_OK)
     installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
-    assert {w.project for w in GpuBundleLock.load().wheels} | {"vllm"} == installed
+    assert {w.project for w in GpuBundleLock.load().wheels} | {"vllm", "xgrammar"} == installed
+    # The fork's xgrammar, installed by the tags the manifest gives pip.
+    assert (site / f"xgrammar-{XgrammarLock.load().fork_version}.dist-info").is_dir()
 
 
 def test_install_refuses_a_damaged_copy_naming_the_file(bundle, tmp_path):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.gpubundle import build_gpu_bundle, check_budget, parse_archs
+from kiln.gpubundle import (build_gpu_bundle, bundle_xgrammar, check_budget, glibc_needed,
+                            parse_archs, platform_tags)
 from kiln.gpulock import GpuBundleLock
 from kiln.pins import canonical
 
@@ -70,7 +71,9 @@ ON_THE_GPU_MACHINE = ("torch", "triton", "transformers", "tokenizers", "numpy", 
 def test_the_lock_pins_cp312_linux_wheels_of_what_the_gpu_machine_lacks():
     lock = GpuBundleLock.load()
     assert lock.python_version == "3.12"
-    assert len(lock.wheels) == 29
+    # 28 from the registry; xgrammar is the fork's own build, added by gpu-bundle.
+    assert len(lock.wheels) == 28
+    assert "xgrammar" not in {w.project for w in lock.wheels}
     for wheel in lock.wheels:
         name = wheel.pin.name
         assert canonical(name.split("-")[0]) == wheel.project, name
@@ -92,3 +95,34 @@ def test_a_lock_missing_a_setting_is_refused_naming_it(tmp_path: Path, text, mis
     path.write_text(text)
     with pytest.raises(KilnError, match=f"gpu-bundle.lock: lacks {missing}; it needs"):
         GpuBundleLock.load(path)
+
+
+def test_platform_tags_and_the_glibc_the_wheels_need():
+    fork = "xgrammar-0.2.8+kiln.2-cp312-cp312-manylinux_2_36_x86_64.whl"
+    both = "msgspec-0.23.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl"
+    assert platform_tags(both) == ["manylinux2014_x86_64", "manylinux_2_17_x86_64",
+                                   "manylinux_2_28_x86_64"]
+    # A wheel tagged 2_17 and 2_28 runs on glibc 2.17: its oldest tag is what it needs.
+    assert glibc_needed([both]) == "2.17"
+    assert glibc_needed([both, fork, "sniffio-1.3.1-py3-none-any.whl"]) == "2.36"
+    assert glibc_needed(["sniffio-1.3.1-py3-none-any.whl"]) is None
+
+
+def test_the_bundle_refuses_an_xgrammar_wheel_for_another_python(tmp_path: Path):
+    cp311 = tmp_path / "xgrammar-0.2.8+kiln.2-cp311-cp311-manylinux_2_36_x86_64.whl"
+    cp311.write_bytes(b"not read: refused by its name")
+    with pytest.raises(KilnError, match=r"no xgrammar wheel for Python 3\.12 \(cp312\) among: "
+                       r"xgrammar-0\.2\.8\+kiln\.2-cp311"):
+        bundle_xgrammar("3.12", cp311, log=lambda _: None)
+
+
+def test_the_bundle_refuses_stock_xgrammar_naming_the_fork_version(tmp_path: Path):
+    stock = tmp_path / "xgrammar-0.2.8-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+    stock.write_bytes(b"not read: refused by its name")
+    with pytest.raises(KilnError) as err:
+        bundle_xgrammar("3.12", stock, log=lambda _: None)
+    assert str(err.value) == (f"{stock.name} is not the fork's xgrammar 0.2.8+kiln.2, which the "
+                              "bundle carries (requirements/xgrammar.lock)")
+    with pytest.raises(KilnError, match="missing.whl: no such wheel; build one with "
+                       r"`python3 -m kiln build-xgrammar --python 3\.12`"):
+        bundle_xgrammar("3.12", tmp_path / "missing.whl", log=lambda _: None)

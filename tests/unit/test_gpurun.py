@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.gpurun import MANIFEST, Machine, gpu_visible, junit_counts, main, refusal, summary
+from kiln.gpurun import (MANIFEST, Machine, glibc_version, gpu_visible, junit_counts, main, refusal,
+                         summary)
 
 MANIFEST_DATA = {"fork_version": "0.32.0+kiln.1", "archs": [90], "python_version": "3.12",
                  "platforms": ["manylinux_2_31_x86_64"], "files": {}}
@@ -38,6 +40,24 @@ def test_the_lent_h200_is_accepted():
 ])
 def test_a_machine_the_bundle_cannot_run_on_is_refused_with_the_reason(change, message):
     assert message in (refusal(Machine(**{**H200.__dict__, **change}), MANIFEST_DATA) or "")
+
+
+def test_a_glibc_older_than_the_wheels_need_is_refused():
+    manifest = {**MANIFEST_DATA, "glibc": "2.36"}
+    assert refusal(Machine(**{**H200.__dict__, "glibc": "2.39"}), manifest) is None
+    assert refusal(Machine(**{**H200.__dict__, "glibc": "2.36"}), manifest) is None
+    assert refusal(Machine(**{**H200.__dict__, "glibc": "2.35"}), manifest) == (
+        "this machine's glibc is 2.35; the bundle's wheels need glibc >= 2.36 (their "
+        "manylinux tags)")
+    # Unknown (not a glibc system, or a manifest from before the field): not refused here.
+    assert refusal(H200, manifest) is None
+    assert refusal(Machine(**{**H200.__dict__, "glibc": "2.35"}), MANIFEST_DATA) is None
+
+
+def test_this_machine_reads_its_glibc():
+    version = glibc_version()
+    assert version == os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    assert version.startswith("2.") and int(version.split(".")[1]) >= 17
 
 
 def test_a_capability_among_several_built_archs_is_accepted():
