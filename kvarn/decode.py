@@ -21,72 +21,11 @@ import triton
 import triton.language as tl
 
 from ._triton_common import checked
+from .decode_unpack import crumbs, nibbles
 from .layout import PagedKV
 from .rotate import rotate
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _u8_f16(x, m: tl.constexpr):
-    """Portable twin of the PTX unpackers: byte & m as an exact fp16, via the bit pattern
-    0x6400 | v = 1024 + v and an exact fp16 subtract (no int-to-float conversion)."""
-    return ((x.to(tl.int16) & m) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-
-
-def _unpack_ptx(masks: tuple[int, ...]) -> str:
-    """PTX for one uint8 -> fp16 unpacker, 4 bytes per call: prmt spreads the bytes into
-    two fp16x2 words; per mask, an AND keeps the code's bits, an OR puts the exponent of
-    1024 in and an exact HSUB2 takes 1024 off, so a pair of codes costs one LOP3 and one
-    HSUB2. Output 2i is mask i over bytes 0 and 1, output 2i + 1 over bytes 2 and 3."""
-    src = f"${2 * len(masks)}"
-    lines = [".reg .b32 a, b, t, m;", "mov.b32 m, 0x64006400;",
-             f"prmt.b32 a, {src}, 0, 0x4140;", f"prmt.b32 b, {src}, 0, 0x4342;"]
-    for i, mask in enumerate(masks):
-        for j, word in enumerate("ab"):
-            lines += [f"and.b32 t, {word}, 0x{mask:04X}{mask:04X};", "or.b32 t, t, m;",
-                      f"sub.rn.f16x2 ${2 * i + j}, t, m;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-def _unpack_constraints(masks: tuple[int, ...]) -> str:
-    return "=r," * (2 * len(masks)) + "r"
-
-
-_NIBBLE_MASKS = (0x0F, 0xF0)
-_CRUMB_MASKS = (0x03, 0x0C, 0x30, 0xC0)
-_NIBBLES_PTX = tl.constexpr(_unpack_ptx(_NIBBLE_MASKS))
-_NIBBLES_CONSTRAINTS = tl.constexpr(_unpack_constraints(_NIBBLE_MASKS))
-_CRUMBS_PTX = tl.constexpr(_unpack_ptx(_CRUMB_MASKS))
-_CRUMBS_CONSTRAINTS = tl.constexpr(_unpack_constraints(_CRUMB_MASKS))
-
-
-@triton.jit
-def _nibbles(x, USE_ASM: tl.constexpr):
-    """uint8 -> (low nibble, 16 * high nibble) as exact fp16 (see _unpack_ptx)."""
-    if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            asm=_NIBBLES_PTX, constraints=_NIBBLES_CONSTRAINTS, args=[x],
-            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-    else:
-        lo = _u8_f16(x, 0x0F)
-        hi = _u8_f16(x, 0xF0)
-    return lo, hi
-
-
-@triton.jit
-def _crumbs(x, USE_ASM: tl.constexpr):
-    """uint8 -> 4**u * (2-bit code u), u = 0..3, as exact fp16 (see _unpack_ptx)."""
-    if USE_ASM:
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            asm=_CRUMBS_PTX, constraints=_CRUMBS_CONSTRAINTS, args=[x],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=4)
-    else:
-        c0 = _u8_f16(x, 0x03)
-        c1 = _u8_f16(x, 0x0C)
-        c2 = _u8_f16(x, 0x30)
-        c3 = _u8_f16(x, 0xC0)
-    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -121,7 +60,10 @@ def _fp16_v_part(acc, alpha, p16, vbase, tt, U: tl.constexpr, VPER: tl.constexpr
     return acc * alpha[:, None] + tl.dot(p16, v)
 
 
-@triton.jit
+# No value specialization of the runtime ints (see decode_pipelined): one binary per
+# launch configuration, whatever the batch, pool sizes and split count.
+@triton.jit(do_not_specialize=["bt_stride", "st_stride", "st_width", "n_cache", "n_side",
+                               "SPLITS"])
 def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, nf_ptr,
                  o_ptr, lse_ptr, err_ptr, bt_stride, st_stride, st_width, n_cache, n_side,
                  qk_scale, SPLITS, H: tl.constexpr, HQ: tl.constexpr, Q: tl.constexpr, HPG: tl.constexpr,
@@ -190,7 +132,7 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
         for c in tl.static_range(NSUB):
             jj = c * KH + tl.arange(0, KH)
             kb = tl.load(cache_u8 + rec + dd[:, None] * KNB + jj[None, :])
-            k_lo, k_hi = _nibbles(kb, USE_ASM)
+            k_lo, k_hi = nibbles(kb, USE_ASM)
             s_e = tl.dot(qa, k_lo)  # tokens 2j
             s_o = tl.dot(qa, k_hi)  # tokens 2j + 1
             kc_e = tl.load(f16 + K_ROW // 2 + 2 * jj).to(tl.float32) * qk_scale
@@ -215,15 +157,15 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
             vb_o = tl.load(cache_u8 + rec + V_CODES + (2 * jj + 1)[:, None] * VNB
                            + tl.arange(0, VNB)[None, :])
             if VB == 2:
-                e0, e1, e2, e3 = _crumbs(vb_e, USE_ASM)
-                o0, o1, o2, o3 = _crumbs(vb_o, USE_ASM)
+                e0, e1, e2, e3 = crumbs(vb_e, USE_ASM)
+                o0, o1, o2, o3 = crumbs(vb_o, USE_ASM)
                 acc0 = _v_acc(acc0, alpha, pa_e, pa_o, e0, o0, pbias, vcol, 0, VB, VPER, VNB)
                 acc1 = _v_acc(acc1, alpha, pa_e, pa_o, e1, o1, pbias, vcol, 1, VB, VPER, VNB)
                 acc2 = _v_acc(acc2, alpha, pa_e, pa_o, e2, o2, pbias, vcol, 2, VB, VPER, VNB)
                 acc3 = _v_acc(acc3, alpha, pa_e, pa_o, e3, o3, pbias, vcol, 3, VB, VPER, VNB)
             else:
-                e0, e1 = _nibbles(vb_e, USE_ASM)
-                o0, o1 = _nibbles(vb_o, USE_ASM)
+                e0, e1 = nibbles(vb_e, USE_ASM)
+                o0, o1 = nibbles(vb_o, USE_ASM)
                 acc0 = _v_acc(acc0, alpha, pa_e, pa_o, e0, o0, pbias, vcol, 0, VB, VPER, VNB)
                 acc1 = _v_acc(acc1, alpha, pa_e, pa_o, e1, o1, pbias, vcol, 1, VB, VPER, VNB)
             m_i = m_new
@@ -272,9 +214,8 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     tl.store(lse_ptr + o_row, lse, mask=row_ok)
 
 
-@triton.jit
-def _combine_kernel(o_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                    BLOCK_S: tl.constexpr):
+@triton.jit(do_not_specialize=["SPLITS"])
+def _combine_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, D: tl.constexpr, BLOCK_S: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     ss = tl.arange(0, BLOCK_S)
     dd = tl.arange(0, D)
@@ -285,34 +226,82 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constex
     tl.store(out_ptr + row * D + dd, tl.sum(o * w[:, None], 0) / tl.sum(w, 0))
 
 
-def default_splits(batch: int, num_kv_heads: int, max_blocks: int) -> int:
-    """Enough splits to give every SM about two programs, from shapes alone (so the
-    choice is fixed under CUDA-graph capture); at least 4 blocks per split."""
+VARIANTS = ("prefetch", "pipelined")
+# The kernel ``attend`` uses unless told otherwise. "prefetch" stays the default until
+# the H200 sweep (bench/kvarn_decode.py) measures "pipelined" faster; the environment
+# variable KVARN_DECODE_VARIANT overrides it (for end-to-end comparisons).
+DEFAULT_VARIANT = "prefetch"
+# Launch parameters per variant, and per head dim where the sweep found another best;
+# programs_per_sm sizes the split-K grid (default_splits).
+LAUNCH_DEFAULTS: dict[str, dict] = {
+    "prefetch": {"num_warps": 4, "num_stages": 1, "maxnreg": None, "tile_tokens": 128,
+                 "prefetch": 2, "programs_per_sm": 2},
+    "pipelined": {"num_warps": 4, "num_stages": 3, "maxnreg": None, "tile_tokens": 64,
+                  "programs_per_sm": 4, "fp_split": True, "flat": True},
+}
+LAUNCH_DEFAULTS_BY_HEAD_DIM: dict[tuple[str, int], dict] = {}
+_PARAMS = {"prefetch": {"num_warps", "num_stages", "maxnreg", "tile_tokens", "prefetch",
+                        "programs_per_sm", "unpack_asm"},
+           "pipelined": {"num_warps", "num_stages", "maxnreg", "tile_tokens",
+                         "programs_per_sm", "fp_split", "flat", "unpack_asm"}}
+
+
+def default_variant() -> str:
+    v = os.environ.get("KVARN_DECODE_VARIANT") or DEFAULT_VARIANT
+    if v not in VARIANTS:
+        raise ValueError(f"KVARN_DECODE_VARIANT={v!r}: allowed: {', '.join(VARIANTS)}")
+    return v
+
+
+def launch_config(variant: str, head_dim: int, **overrides) -> dict:
+    """The variant's launch parameters at this head dim, with overrides (None = default)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown decode variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    bad = sorted(k for k, v in overrides.items() if v is not None and k not in _PARAMS[variant])
+    if bad:
+        raise TypeError(f"decode variant {variant!r} takes no {', '.join(bad)}; "
+                        f"its parameters: {', '.join(sorted(_PARAMS[variant]))}")
+    cfg = {**LAUNCH_DEFAULTS[variant], **LAUNCH_DEFAULTS_BY_HEAD_DIM.get((variant, head_dim), {})}
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def default_splits(batch: int, num_kv_heads: int, max_blocks: int,
+                   programs_per_sm: int = 2) -> int:
+    """Enough splits to give every SM about programs_per_sm programs, from shapes alone
+    (so the choice is fixed under CUDA-graph capture); at least 4 blocks per split."""
     if torch.cuda.is_available():
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     else:
         sms = 4
-    want = triton.cdiv(2 * sms, batch * num_kv_heads)
+    want = triton.cdiv(programs_per_sm * sms, batch * num_kv_heads)
     return max(1, min(want, max_blocks // 4, 64))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                    side_table: torch.Tensor, seq_lens: torch.Tensor,
                    num_flushed: torch.Tensor, sm_scale: float | None = None,
                    num_splits: int | None = None, debug: bool = False,
-                   num_warps: int = 4, num_stages: int = 1,
-                   maxnreg: int | None = None, tile_tokens: int = 128,
-                   unpack_asm: bool | None = None, prefetch: int = 2) -> torch.Tensor:
+                   variant: str | None = None, **launch) -> torch.Tensor:
     """Attention in the rotated frame. q_rot [B, Q, Hq, D] -> fp32 [B, Q, Hq, D].
 
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
-    positions). maxnreg caps registers per thread (the kernel otherwise takes ~240,
-    which limits an H200 SM to 2 programs of 4 warps). tile_tokens: tokens per inner
-    online-softmax step (a power of two >= 32; capped at the group). unpack_asm: unpack
-    codes with inline PTX (default: on CUDA outside the interpreter; the portable path
-    computes the same fp16 values). prefetch: records to run ahead into L2 (PTX path
-    only; 0 turns it off). debug=True validates the tables on the host and flags,
-    inside the kernel, any block id outside its pool (raising IndexError).
+    positions). variant: "prefetch" (L2 prefetch of the next records) or "pipelined"
+    (cp.async multi-buffered record stream, ``decode_pipelined``); default
+    ``default_variant()``. Launch parameters (None or absent = ``launch_config``):
+    num_warps, num_stages, maxnreg (caps registers per thread; the prefetch kernel takes
+    ~240 otherwise, 2 programs of 4 warps per H200 SM), tile_tokens (tokens per
+    online-softmax step, a power of two >= 32, capped at the group), programs_per_sm
+    (split-K grid size when num_splits is None), unpack_asm (inline-PTX unpacking;
+    default on CUDA outside the interpreter, the portable path computes the same fp16
+    values); "prefetch" only: prefetch (records run ahead into L2, PTX path only, 0 = off);
+    "pipelined" only: fp_split (a split request's fp16 blocks get a program of their
+    own). debug=True validates the tables on the host and flags, inside the kernel, any
+    block id outside its pool (raising IndexError).
     """
     bsz, nq, hq, d = q_rot.shape
     h, g = kv.num_kv_heads, kv.preset.group
@@ -320,41 +309,57 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         raise ValueError(f"q must be [B, Q, k*{h}, {kv.head_dim}], got {tuple(q_rot.shape)}")
     if kv.preset.key_bits != 4:
         raise ValueError(f"{kv.preset.name}: the decode kernel supports 4-bit keys only")
+    variant = variant or default_variant()
+    cfg = launch_config(variant, d, **launch)
+    ts = min(cfg["tile_tokens"], g)
+    if ts < 32 or ts & (ts - 1):
+        raise ValueError(f"tile_tokens must be a power of two >= 32, got {cfg['tile_tokens']}")
     if debug:
         kv.check_tables(block_table, side_table, seq_lens, num_flushed, nq)
-    splits = num_splits or default_splits(bsz, h, block_table.shape[1])
-    hpg = hq // h
-    lay = kv.preset.layout(d)
-    o = torch.empty(bsz * nq * hq * splits, d, dtype=torch.float32, device=q_rot.device)
-    lse = torch.empty(bsz * nq * hq * splits, dtype=torch.float32, device=q_rot.device)
-    err = torch.zeros(1, dtype=torch.int32, device=q_rot.device)
-    scale = (sm_scale if sm_scale is not None else d ** -0.5) * LOG2E
-    ts = min(tile_tokens, g)
-    if ts < 32 or ts & (ts - 1):
-        raise ValueError(f"tile_tokens must be a power of two >= 32, got {tile_tokens}")
+    splits = num_splits or default_splits(bsz, h, block_table.shape[1], cfg["programs_per_sm"])
+    unpack_asm = cfg.get("unpack_asm")
     if unpack_asm is None:
         unpack_asm = q_rot.is_cuda and torch.version.hip is None
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if _interpreting():
         unpack_asm = False  # inline PTX does not run in the interpreter
-    _attn_kernel[(bsz, h, splits)](
-        q_rot.contiguous(), kv.cache, kv.cache.view(torch.float16), kv.side,
-        block_table, side_table, seq_lens, num_flushed, o, lse, err,
-        block_table.stride(0), side_table.stride(0), side_table.shape[1],
-        kv.cache.shape[0], kv.side.shape[0],
-        scale, splits, H=h, HQ=hq, Q=nq, HPG=hpg, G=g, D=d, VB=kv.preset.value_bits, REC=lay.total,
-        K_COL=lay.k_col_scale, K_ZERO=lay.k_zero, K_ROW=lay.k_row_scale,
-        V_CODES=lay.v_codes, V_COL=lay.v_col_scale, V_ROW=lay.v_row_scale, V_ZERO=lay.v_zero,
-        BLOCK_M=max(16, triton.next_power_of_2(nq * hpg)), TS=ts,
-        USE_ASM=bool(unpack_asm), PF=prefetch if unpack_asm else 0, DEBUG=debug,
-        num_warps=num_warps, num_stages=num_stages,
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+    fp_split = variant == "pipelined" and splits > 1 and bool(cfg["fp_split"])
+    parts = splits + fp_split
+    hpg = hq // h
+    lay = kv.preset.layout(d)
+    dev = q_rot.device
+    o = torch.empty(bsz * nq * hq * parts, d, dtype=torch.float32, device=dev)
+    lse = torch.empty(bsz * nq * hq * parts, dtype=torch.float32, device=dev)
+    # The error flag is written only in debug mode; otherwise any int32 buffer will do
+    # (no memset launch on the decode path).
+    err = torch.zeros(1, dtype=torch.int32, device=dev) if debug else seq_lens
+    scale = (sm_scale if sm_scale is not None else d ** -0.5) * LOG2E
+    args = (q_rot.contiguous(), kv.cache, kv.cache.view(torch.float16), kv.side,
+            block_table, side_table, seq_lens, num_flushed, o, lse, err,
+            block_table.stride(0), side_table.stride(0), side_table.shape[1],
+            kv.cache.shape[0], kv.side.shape[0], scale, splits)
+    fields = dict(H=h, HQ=hq, Q=nq, HPG=hpg, G=g, D=d, VB=kv.preset.value_bits,
+                  REC=lay.total, K_COL=lay.k_col_scale, K_ZERO=lay.k_zero,
+                  K_ROW=lay.k_row_scale, V_CODES=lay.v_codes, V_COL=lay.v_col_scale,
+                  V_ROW=lay.v_row_scale, V_ZERO=lay.v_zero,
+                  BLOCK_M=max(16, triton.next_power_of_2(nq * hpg)), TS=ts,
+                  USE_ASM=bool(unpack_asm), DEBUG=debug, num_warps=cfg["num_warps"])
+    if cfg["maxnreg"]:
+        fields["maxnreg"] = cfg["maxnreg"]
+    if variant == "prefetch":
+        _attn_kernel[(bsz, h, splits)](*args, **fields, num_stages=cfg["num_stages"],
+                                       PF=cfg["prefetch"] if unpack_asm else 0)
+    else:
+        from .decode_pipelined import attn_pipelined_kernel
+        attn_pipelined_kernel[(bsz, h, parts)](*args, **fields, STAGES=cfg["num_stages"],
+                                               num_stages=cfg["num_stages"],
+                                               FLAT=bool(cfg["flat"]), FP_SPLIT=fp_split)
     if debug and int(err.item()):
         raise IndexError("a block table or side table entry points outside its pool")
-    if splits == 1:
+    if parts == 1:
         return o.view(bsz, nq, hq, d)
-    out = torch.empty(bsz * nq * hq, d, dtype=torch.float32, device=q_rot.device)
-    _combine_kernel[(bsz * nq * hq,)](o, lse, out, D=d, SPLITS=splits,
-                                      BLOCK_S=triton.next_power_of_2(splits))
+    out = torch.empty(bsz * nq * hq, d, dtype=torch.float32, device=dev)
+    _combine_kernel[(bsz * nq * hq,)](o, lse, out, parts, D=d,
+                                      BLOCK_S=triton.next_power_of_2(parts))
     return out.view(bsz, nq, hq, d)
 
 
