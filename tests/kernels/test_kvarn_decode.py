@@ -1,11 +1,12 @@
 """Fused decode / speculative-verify attention and dequantize-to-fp16 against the
-reference (dequantize-then-attend in fp32 over the same cache)."""
+reference (dequantize-then-attend in fp32 over the same cache), for both kernel
+variants ("prefetch", "pipelined"; ``kvarn.decode.VARIANTS``)."""
 import pytest
 import torch
 
-from kvarn import Preset
+from kvarn import HEAD_DIMS, Preset
 from kvarn import reference as ref
-from kvarn.decode import attend, attend_rotated
+from kvarn.decode import VARIANTS, attend, attend_rotated, launch_config
 from kvarn.dequant import dequantize_blocks
 from kvarn_cases import DEVICE, ON_GPU, make_state
 
@@ -13,10 +14,12 @@ if ON_GPU:
     PRESETS = Preset.names()
     D, HEADS = 128, 8
     CONTEXTS = [1, 127, 128, 129, 4096, 32768]
+    ALL_DIMS = HEAD_DIMS
 else:  # same edges around one block, scaled to G=64 for the interpreter
     PRESETS = ("kvarn_k4v2_g64", "kvarn_k4v4_g64")
     D, HEADS = 64, 2
     CONTEXTS = [1, 63, 64, 65, 200]
+    ALL_DIMS = (64, 128)
 
 
 def check_close(out, want):
@@ -28,59 +31,121 @@ def check_close(out, want):
     assert (out - want).abs().max() <= 5e-3, float((out - want).abs().max())
 
 
-def run_case(name, gqa, query_len, splits, seed, contexts=CONTEXTS, **launch):
+def run_case(name, gqa, query_len, splits, seed, contexts=CONTEXTS, head_dim=D, heads=HEADS,
+             **launch):
     p = Preset.parse(name)
     contexts = [max(c, query_len) for c in contexts]
-    st = make_state(p, D, HEADS, contexts, query_len, seed=seed)
+    st = make_state(p, head_dim, heads, contexts, query_len, seed=seed)
     gen = torch.Generator().manual_seed(seed + 100)
-    q = torch.randn(len(contexts), query_len, HEADS * gqa, D, generator=gen).to(DEVICE)
+    q = torch.randn(len(contexts), query_len, heads * gqa, head_dim, generator=gen).to(DEVICE)
     args = (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
     out = attend_rotated(q, *args, num_splits=splits, debug=True, **launch)
     check_close(out, ref.paged_attention(q, *args))
     return st
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("gqa", [1, 4, 6, 8])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_decode_sweep(name, gqa, splits):
-    st = run_case(name, gqa, 1, splits, seed=gqa * 10 + splits)
+def test_decode_sweep(variant, name, gqa, splits):
+    st = run_case(name, gqa, 1, splits, seed=gqa * 10 + splits, variant=variant)
     assert int(st.num_flushed.max()) >= 2  # the sweep reaches quantized blocks
 
 
+def _dim_cases():
+    # the pipelined kernel everywhere; the prefetch one where the CPU suite never reaches
+    for variant in VARIANTS:
+        for name in Preset.names():
+            for d in ALL_DIMS:
+                if variant == "pipelined" or (ON_GPU and d not in (64, 128)):
+                    yield variant, name, d
+
+
+@pytest.mark.parametrize("variant,name,head_dim", list(_dim_cases()))
+def test_every_preset_and_head_dim(variant, name, head_dim):
+    # Tiny on the interpreter (one KV head; the sink, two records, a partial tail),
+    # the block edges up to 4K on a GPU; verify rows (Q = 2) and sub-tiled records.
+    g = Preset.parse(name).group
+    contexts = [3 * g + 5, 2 * g + 9, g + 1, 1] + ([4096] if ON_GPU else [])
+    splits = 2 if Preset.names().index(name) % 2 else 1
+    st = run_case(name, 4, 2, splits, seed=head_dim + g, contexts=contexts,
+                  head_dim=head_dim, heads=HEADS if ON_GPU else 1, variant=variant,
+                  tile_tokens=64)
+    assert int(st.num_flushed.max()) >= 2
+
+
 @pytest.mark.skipif(not ON_GPU, reason="register caps are a GPU compile option")
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("maxnreg", [96, 128])
-def test_decode_with_register_cap(maxnreg):
-    run_case(PRESETS[0], 8, 2, 3, seed=13, num_warps=4, num_stages=3, maxnreg=maxnreg)
+def test_decode_with_register_cap(variant, maxnreg):
+    run_case(PRESETS[0], 8, 2, 3, seed=13, num_warps=4, num_stages=3, maxnreg=maxnreg,
+             variant=variant)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("gqa", [1, 4])
-def test_speculative_verify_rows_are_causal(gqa):
-    run_case(PRESETS[0], gqa, 4, 2, seed=7)
+def test_speculative_verify_rows_are_causal(variant, gqa):
+    run_case(PRESETS[0], gqa, 4, 2, seed=7, variant=variant)
 
 
-def test_verify_row_equals_decode_at_that_length():
+@pytest.mark.parametrize("flat,tile_tokens,num_stages,splits,fp_split", [
+    (True, 32, 2, 1, True), (False, 32, 3, 3, False), (False, 128, 4, 3, True)])
+def test_pipelined_step_shapes(flat, tile_tokens, num_stages, splits, fp_split):
+    # a step per sub-tile or per record, shallow and deep pipelines, split requests with
+    # and without the separate fp16 program
+    run_case(PRESETS[1], 4, 3, splits, seed=31 + splits, variant="pipelined", flat=flat,
+             tile_tokens=tile_tokens, num_stages=num_stages, fp_split=fp_split)
+
+
+def test_launch_config_names_what_is_allowed():
+    assert launch_config("pipelined", D)["num_stages"] >= 1
+    with pytest.raises(ValueError, match="allowed: prefetch, pipelined"):
+        launch_config("fast", D)
+    with pytest.raises(TypeError, match="takes no prefetch"):
+        launch_config("pipelined", D, prefetch=2)
+    st = make_state(Preset.parse(PRESETS[0]), D, HEADS, [CONTEXTS[-1]], 1, seed=1)
+    q = torch.randn(1, 1, HEADS, D).to(DEVICE)
+    with pytest.raises(ValueError, match="tile_tokens must be a power of two >= 32"):
+        attend_rotated(q, st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed,
+                       variant="pipelined", tile_tokens=48)
+
+
+def test_variants_agree():
+    # the two kernels read the same cache the same way
+    p = Preset.parse(PRESETS[0])
+    contexts = [max(c, 2) for c in CONTEXTS]
+    st = make_state(p, D, HEADS, contexts, 2, seed=41)
+    q = torch.randn(len(contexts), 2, HEADS * 4, D, generator=torch.Generator().manual_seed(41))
+    args = (q.to(DEVICE), st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
+    a, b = (attend_rotated(*args, num_splits=3, variant=v) for v in VARIANTS)
+    assert (a - b).abs().max() <= 2e-3
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_verify_row_equals_decode_at_that_length(variant):
     # Row i of a verify step must equal a decode step over the first L - Q + i + 1 tokens.
     p = Preset.parse(PRESETS[0])
     L, Q = CONTEXTS[-1], 3
     st = make_state(p, D, HEADS, [L], Q, seed=3, hold_back=False)
     q = torch.randn(1, Q, HEADS * 4, D, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     args = (st.kv, st.block_table, st.side_table)
-    full = attend_rotated(q, *args, st.seq_lens, st.num_flushed, num_splits=2)
+    full = attend_rotated(q, *args, st.seq_lens, st.num_flushed, num_splits=2, variant=variant)
     for i in range(Q):
         one = attend_rotated(q[:, i:i + 1], *args, st.seq_lens - (Q - 1 - i),
-                             st.num_flushed, num_splits=2)
+                             st.num_flushed, num_splits=2, variant=variant)
         # Split boundaries move with the length, so a tile's running max, and with it the
         # fp16 rounding of its probabilities, may differ (seen up to 2.8e-4 over 12 seeds).
         assert torch.allclose(full[:, i], one[:, 0], atol=1e-3)
 
 
-def test_model_frame_round_trip():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_frame_round_trip(variant):
     p = Preset.parse(PRESETS[0])
     st = make_state(p, D, HEADS, CONTEXTS[:4], 1, seed=5)
     q = torch.randn(len(CONTEXTS[:4]), 1, HEADS * 2, D).to(DEVICE).half()
     args = (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
-    out = attend(q, *args)
+    out = attend(q, *args, variant=variant)
     assert out.dtype == torch.float16
     h = ref.hadamard(D)
     h = h.to(DEVICE)
@@ -88,19 +153,22 @@ def test_model_frame_round_trip():
     check_close(out, want)
 
 
-def test_value_stride_at_two_bit_with_splits_and_shuffled_tables():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_value_stride_at_two_bit_with_splits_and_shuffled_tables(variant):
     # Known failure mode: 2-bit V addressed with the 4-bit stride in split-K paths.
-    run_case(PRESETS[0], 4, 1, 5, seed=11, contexts=[CONTEXTS[-1]] * 2)
+    run_case(PRESETS[0], 4, 1, 5, seed=11, contexts=[CONTEXTS[-1]] * 2, variant=variant)
 
 
-def test_debug_mode_catches_out_of_range_block_table():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_debug_mode_catches_out_of_range_block_table(variant):
     p = Preset.parse(PRESETS[0])
     st = make_state(p, D, HEADS, [CONTEXTS[-1]], 1, seed=2)
     bt = st.block_table.clone()
     bt[0, 1] = st.kv.cache.shape[0] + 5
     q = torch.randn(1, 1, HEADS, D).to(DEVICE)
     with pytest.raises(IndexError, match="block table entry"):
-        attend_rotated(q, st.kv, bt, st.side_table, st.seq_lens, st.num_flushed, debug=True)
+        attend_rotated(q, st.kv, bt, st.side_table, st.seq_lens, st.num_flushed, debug=True,
+                       variant=variant)
     # the in-kernel check, past the host-side one
     import kvarn.layout
     orig = kvarn.layout.PagedKV.check_tables
@@ -108,24 +176,27 @@ def test_debug_mode_catches_out_of_range_block_table():
     try:
         with pytest.raises(IndexError, match="outside its pool"):
             attend_rotated(q, st.kv, bt, st.side_table, st.seq_lens, st.num_flushed,
-                           debug=True)
+                           debug=True, variant=variant)
     finally:
         kvarn.layout.PagedKV.check_tables = orig
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_verify_is_cuda_graph_capturable():
+@pytest.mark.parametrize("variant,splits", [("prefetch", 4), ("pipelined", 4),
+                                            ("pipelined", None)])
+def test_verify_is_cuda_graph_capturable(variant, splits):
     p = Preset.parse(PRESETS[0])
     st = make_state(p, D, HEADS, [4096, 1000, 129], 4, seed=9)
     q = torch.randn(3, 4, HEADS * 4, D, device=DEVICE).half()
     args = (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
-    eager = attend(q, *args, num_splits=4)
+    kw = {"num_splits": splits, "variant": variant}
+    eager = attend(q, *args, **kw)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        attend(q, *args, num_splits=4)  # warm-up compiles outside the capture
+        attend(q, *args, **kw)  # warm-up compiles outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = attend(q, *args, num_splits=4)
+            out = attend(q, *args, **kw)
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()
@@ -133,7 +204,7 @@ def test_verify_is_cuda_graph_capturable():
     st.seq_lens.sub_(1)  # new lengths, same graph: no host sync baked in
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, attend(q, *args, num_splits=4))
+    assert torch.equal(out, attend(q, *args, **kw))
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -151,20 +222,25 @@ def test_dequantize_blocks_matches_reference(name):
                           debug=True)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("query_len", [1, 3])
-def test_sub_tiled_records(name, query_len):
+def test_sub_tiled_records(variant, name, query_len):
     # 32-token inner steps: several online-softmax steps per record and per fp16 block
-    run_case(name, 4, query_len, 2, seed=21 + query_len, tile_tokens=32)
+    if variant == "pipelined" and query_len == 1 and not ON_GPU:
+        pytest.skip("interpreter time: the pipelined kernel's sub-tiles are covered at Q=3 "
+                    "here and by test_every_preset_and_head_dim")
+    run_case(name, 4, query_len, 2, seed=21 + query_len, tile_tokens=32, variant=variant)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="inline PTX unpacking runs on CUDA only")
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", PRESETS)
-def test_ptx_unpack_matches_portable_unpack(name):
+def test_ptx_unpack_matches_portable_unpack(variant, name):
     # the PTX path (the GPU default) and the portable path must build the same codes
-    st = run_case(name, 4, 2, 3, seed=17, unpack_asm=True)
+    st = run_case(name, 4, 2, 3, seed=17, unpack_asm=True, variant=variant)
     q = torch.randn(len(CONTEXTS), 2, HEADS * 4, D, device=DEVICE)
     args = (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
-    a = attend_rotated(q, *args, num_splits=3, unpack_asm=True)
-    b = attend_rotated(q, *args, num_splits=3, unpack_asm=False)
+    a = attend_rotated(q, *args, num_splits=3, unpack_asm=True, variant=variant)
+    b = attend_rotated(q, *args, num_splits=3, unpack_asm=False, variant=variant)
     assert torch.allclose(a, b, atol=1e-5, rtol=0)
