@@ -13,9 +13,8 @@ import triton.language as tl
 
 @triton.jit
 def _fp16_attn_kernel(q_ptr, kv_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, bt_stride, qk_scale,
-                      H: tl.constexpr, HQ: tl.constexpr, HPG: tl.constexpr,
-                      G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
+                      SPLITS, H: tl.constexpr, HQ: tl.constexpr, HPG: tl.constexpr,
+                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -78,7 +77,7 @@ def fp16_paged_decode(q: torch.Tensor, kv: torch.Tensor, block_table: torch.Tens
     lse = torch.empty(bsz * hq * splits, dtype=torch.float32, device=q.device)
     _fp16_attn_kernel[(bsz, h, splits)](
         q, kv, block_table, seq_lens, o, lse, block_table.stride(0),
-        d ** -0.5 * 1.4426950408889634, H=h, HQ=hq, HPG=hq // h, G=g, D=d, SPLITS=splits,
+        d ** -0.5 * 1.4426950408889634, splits, H=h, HQ=hq, HPG=hq // h, G=g, D=d,
         BLOCK_M=max(16, triton.next_power_of_2(hq // h)), num_warps=num_warps,
         num_stages=num_stages)
     out = torch.empty(bsz, hq, d, dtype=torch.float16, device=q.device)

@@ -3,21 +3,34 @@
     python bench/kvarn_decode.py [--json FILE] [--presets ...] [--head-dims ...] [--no-tune]
     TRITON_INTERPRET=1 python bench/kvarn_decode.py --smoke   # CPU: the code path, no speed
 
-For batch x context in {1x4K, 1x32K, 8x32K, 64x16K, 256x8K}, 8 KV heads, GQA 4 and 8,
-every preset, head_dim 128 and 256 (512 on request): kernel time (median, cold L2:
-triton's do_bench clears it before every call; single-sequence shapes, whose launch
-and combine overheads vary run to run, take the median of --repeats such medians) and
-achieved bandwidth = all bytes the kernel must read / time, against the
-4.8 TB/s HBM roofline, side by side with a Triton fp16 paged decode
-(bench/_fp16_paged_decode.py), torch SDPA (enable_gqa) over contiguous fp16 K/V, and a
-plain torch paged reference. Then flush throughput and its cost per decode step.
+1. Sweep (unless --no-tune): both decode kernels ("prefetch", the old default, and
+   "pipelined", ``kvarn.decode.VARIANTS``) over a grid of launch configurations (tile
+   tokens, warps, pipeline stages, register caps, programs per SM for the split-K grid)
+   at SWEEP_SHAPES (64 x 16K and 1 x 32K), kvarn_k4v2_g128, GQA 4, each head dim;
+   every variant's time is recorded, and the best configuration per (variant, head dim)
+   is the one with the lowest geometric mean of time / best time over the sweep shapes.
+2. Table: batch x context in {1x4K, 1x32K, 8x32K, 64x16K, 256x8K}, 8 KV heads, GQA 4
+   (and 8 for the default preset), every preset, head_dim 128 and 256 (512 on request):
+   each variant's time with its best (or default) configuration, side by side with a
+   Triton fp16 paged decode (bench/_fp16_paged_decode.py), torch SDPA (enable_gqa) over
+   contiguous fp16 K/V, a plain torch paged reference, and the roofline: all bytes the
+   kernel must read / 4.8 TB/s. Times are medians of triton's do_bench (L2 cleared before
+   every call); single-sequence shapes take the median of --repeats such medians.
+3. Flush throughput and its steady-state cost per decode step.
+
 Targets are reported, not asserted: >= 60% of 4.8 TB/s at batch x context >= 1M tokens,
-and <= 0.45x the fp16 kernel's time at 64x16K.
+<= 0.45x the fp16 kernel's time at 64x16K and <= 0.6x at 1x32K. The JSON is rewritten
+after every row, so a run stopped by --budget-s (or killed) keeps what it measured.
+--prewarm-only compiles both kernels' sweep grids for the planned presets, GQA ratios and
+head dims in --workers processes (their binaries do not depend on shapes), so a test run
+can overlap the compiles.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -34,21 +47,44 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _fp16_paged_decode import fp16_paged_decode  # noqa: E402
 from kvarn import HEAD_DIMS, PagedKV, Preset  # noqa: E402
 from kvarn import reference as ref  # noqa: E402
-from kvarn.decode import attend, attend_rotated, default_splits  # noqa: E402
+from kvarn.decode import (LAUNCH_DEFAULTS, VARIANTS, attend, attend_rotated,  # noqa: E402
+                          default_splits, launch_config)
 from kvarn.flush import flush  # noqa: E402
 
 HBM_BPS = 4.8e12
 PRESETS = ("kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g64")
 SHAPES = [(1, 4096), (1, 32768), (8, 32768), (64, 16384), (256, 8192)]
+SWEEP_SHAPES = [(64, 16384), (1, 32768)]
 # --smoke: a few blocks per sequence, so the interpreter runs every path on a CPU.
 SMOKE_SHAPES = [(1, 520), (2, 300)]
 REFERENCE_SHAPE = (64, 16384)  # the flush cost and the time-ratio target are read here
+SINGLE_SHAPE = (1, 32768)  # the single-sequence time-ratio target
 HEADS = 8
+SWEEP_GQA = 4
 TUNE_FP16 = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
-# (num_warps, num_stages, maxnreg, tile_tokens, prefetch): the kernel is latency-bound on
-# its record loads, so the L2 prefetch distance and the inner sub-tile are the main knobs.
-TUNE = [(4, 1, None, 128, 2), (4, 1, None, 64, 2), (4, 1, None, 64, 0), (4, 1, None, 64, 4),
-        (4, 1, None, 32, 2), (8, 1, None, 64, 2)]
+# Launch grids (compiled configurations; each is timed at every programs_per_sm below).
+# On sm_90, from ptxas (registers/thread at D=128, k4v2_g128): prefetch 234 (2 CTAs of 4
+# warps per SM); pipelined flat t64 168 (3 CTAs), t128 228, t32 188, t64 capped at 144
+# spills 24 B and at 128 spills 108 B (4 CTAs); D=256 t64 takes 255.
+SWEEP_GRID = {
+    "prefetch": [
+        {"num_warps": 4, "num_stages": 1, "tile_tokens": 128, "prefetch": 2},
+        {"num_warps": 4, "num_stages": 3, "tile_tokens": 128, "prefetch": 2},
+        {"num_warps": 4, "num_stages": 3, "tile_tokens": 64, "prefetch": 0},
+    ],
+    "pipelined": [
+        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3},
+        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 2},
+        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 4},
+        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 144},
+        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 128},
+        {"flat": True, "tile_tokens": 32, "num_warps": 4, "num_stages": 4},
+        {"flat": False, "tile_tokens": 128, "num_warps": 4, "num_stages": 2},
+        {"flat": False, "tile_tokens": 128, "num_warps": 4, "num_stages": 3},
+        {"flat": True, "tile_tokens": 64, "num_warps": 8, "num_stages": 3},
+    ],
+}
+SWEEP_PROGRAMS_PER_SM = [2, 4]
 
 
 def bench(fn, repeats: int = 1) -> float:
@@ -58,84 +94,147 @@ def bench(fn, repeats: int = 1) -> float:
         fn()
         return (time.perf_counter() - started) * 1e3
     return statistics.median(
-        triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+        triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
         for _ in range(repeats))
 
 
 def kvarn_state(p: Preset, bsz: int, ctx: int, D: int, dev: str):
     """Decode step at seq_len = ctx: every committed full block after the sink flushed."""
     g = p.group
-    flushed = (ctx - 1) // g - 1
+    flushed = max(0, (ctx - 1) // g - 1)
     tail = -(-ctx // g) - flushed - 1
-    n_rec = bsz * flushed
+    n_rec = max(1, bsz * flushed)
     kv = PagedKV.allocate(p, D, HEADS, n_rec, bsz * (1 + tail), device=dev)
     kv.side.normal_()
     # 64 real tiles per head, replicated: realistic bytes without encoding every block
     pool = ref.encode_tiles(torch.randn(64, HEADS, g, D, device=dev),
                             torch.randn(64, HEADS, g, D, device=dev), p)
     kv.cache.copy_(pool[torch.arange(n_rec, device=dev) % 64])
-    perm = torch.randperm(n_rec, device=dev).to(torch.int32)
+    perm = torch.randperm(bsz * flushed, device=dev).to(torch.int32)
     bt = torch.zeros(bsz, flushed + tail + 1, dtype=torch.int32, device=dev)
     bt[:, 1:flushed + 1] = perm.view(bsz, flushed)
     st = torch.arange(bsz * (1 + tail), device=dev, dtype=torch.int32).view(bsz, 1 + tail)
     seq = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
     nf = torch.full((bsz,), flushed, dtype=torch.int32, device=dev)
-    read = (n_rec * HEADS * p.tile_bytes(D)  # records
+    read = (bsz * flushed * HEADS * p.tile_bytes(D)  # records
             + bsz * (1 + tail) * 2 * HEADS * g * D * 2  # fp16 sink + tail blocks
             + bt.numel() * 4 + st.numel() * 4)
     return kv, bt, st, seq, nf, read
 
 
-def run_shape(p: Preset, bsz: int, ctx: int, gqa: int, D: int, tune: bool, dev: str,
-              repeats: int) -> dict:
-    hq = HEADS * gqa
-    kv, bt, st, seq, nf, kv_read = kvarn_state(p, bsz, ctx, D, dev)
-    q = torch.randn(bsz, 1, hq, D, device=dev, dtype=torch.float16)
-    qo_bytes = 2 * q.numel() * 2
-    r = {"preset": p.name, "head_dim": D, "batch": bsz, "context": ctx, "gqa": gqa,
-         "tokens": bsz * ctx}
-    reps = repeats if bsz == 1 else 1
+def cfg_label(cfg: dict) -> str:
+    short = {"num_warps": "w", "num_stages": "n", "tile_tokens": "t", "prefetch": "p",
+             "maxnreg": "r", "programs_per_sm": "s", "flat": "f"}
+    return "".join(f"{short[k]}{int(v) if isinstance(v, bool) else v}"
+                   for k, v in sorted(cfg.items()) if v is not None and k in short)
 
-    splits0 = default_splits(bsz, HEADS, bt.shape[1])
-    configs = [(splits0, *TUNE[0])]
-    if tune:
-        configs = [(s, *c) for s in sorted({splits0, 2 * splits0}) for c in TUNE]
-    best = None
-    r["kvarn_all_configs"] = []
-    for s, w, n, nreg, ts, pf in configs:
-        t = bench(lambda: attend_rotated(q, kv, bt, st, seq, nf, num_splits=s, num_warps=w,
-                                         num_stages=n, maxnreg=nreg, tile_tokens=ts,
-                                         prefetch=pf), reps)
-        r["kvarn_all_configs"].append({"splits": s, "num_warps": w, "num_stages": n,
-                                       "maxnreg": nreg, "tile_tokens": ts, "prefetch": pf,
-                                       "ms": t})
-        if best is None or t < best[0]:
-            best = (t, s, w, n, nreg, ts, pf)
-    t, s, w, n, nreg, ts, pf = best
-    r["kvarn_ms"] = t
-    r["kvarn_config"] = {"splits": s, "num_warps": w, "num_stages": n, "maxnreg": nreg,
-                         "tile_tokens": ts, "prefetch": pf}
-    r["kvarn_bytes"] = kv_read + qo_bytes
-    r["kvarn_TBps"] = r["kvarn_bytes"] / t / 1e9
-    r["kvarn_pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (t * 1e-3)
-    r["kvarn_with_rotations_ms"] = bench(
-        lambda: attend(q, kv, bt, st, seq, nf, num_splits=s, num_warps=w, num_stages=n,
-                       maxnreg=nreg, tile_tokens=ts, prefetch=pf), reps)
-    del kv
 
-    # fp16 baselines over the same shape
-    g = p.group
+class Run:
+    """Results, rewritten to --json after every row; a time budget for optional work."""
+
+    def __init__(self, args, dev: str):
+        self.args, self.dev = args, dev
+        self.started = time.monotonic()
+        self.results = {
+            "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton.__version__,
+            "roofline_TBps": HBM_BPS / 1e12, "smoke": args.smoke, "variants": list(VARIANTS),
+            "launch_defaults": LAUNCH_DEFAULTS, "sweep": [], "best_config": {},
+            "decode": [], "flush": [], "truncated": False}
+
+    def over_budget(self) -> bool:
+        if self.args.budget_s and time.monotonic() - self.started > self.args.budget_s:
+            self.results["truncated"] = True
+            return True
+        return False
+
+    def save(self) -> None:
+        self.results["elapsed_s"] = time.monotonic() - self.started
+        if self.args.json:
+            tmp = self.args.json + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump(self.results, fh, indent=1)
+            os.replace(tmp, self.args.json)
+
+
+def kvarn_ms(variant: str, cfg: dict, state, q, reps: int) -> tuple[float, int]:
+    kv, bt, st, seq, nf, _ = state
+    splits = default_splits(q.shape[0], HEADS, bt.shape[1],
+                            launch_config(variant, kv.head_dim, **cfg)["programs_per_sm"])
+    t = bench(lambda: attend_rotated(q, kv, bt, st, seq, nf, num_splits=splits,
+                                     variant=variant, **cfg), reps)
+    return t, splits
+
+
+def sweep(run: Run, D: int, shapes=SWEEP_SHAPES, grid=SWEEP_GRID,
+          programs_per_sm=SWEEP_PROGRAMS_PER_SM, preset: str = PRESETS[0]) -> None:
+    """Phase 1 at shapes: every configuration of both variants; picks the best."""
+    p = Preset.parse(preset)
+    times: dict[tuple[str, str], dict] = {}
+    for bsz, ctx in shapes:
+        state = kvarn_state(p, bsz, ctx, D, run.dev)
+        q = torch.randn(bsz, 1, HEADS * SWEEP_GQA, D, device=run.dev, dtype=torch.float16)
+        reps = run.args.repeats if bsz == 1 else 1
+        for variant in VARIANTS:
+            for base, pps in itertools.product(grid[variant], programs_per_sm):
+                cfg = {**base, "programs_per_sm": pps}
+                try:
+                    t, splits = kvarn_ms(variant, cfg, state, q, reps)
+                except Exception as exc:  # a config that does not compile here is recorded
+                    t, splits = None, None
+                    err = f"{type(exc).__name__}: {str(exc)[:200]}"
+                else:
+                    err = None
+                row = {"variant": variant, "head_dim": D, "batch": bsz, "context": ctx,
+                       "gqa": SWEEP_GQA, "config": cfg, "label": cfg_label(cfg),
+                       "splits": splits, "ms": t, "error": err,
+                       "pct_roofline": None if t is None else
+                       100 * state[5] / HBM_BPS / (t * 1e-3)}
+                run.results["sweep"].append(row)
+                times.setdefault((variant, cfg_label(cfg)), {"cfg": cfg})[(bsz, ctx)] = t
+                print(json.dumps(row), flush=True)
+        del state
+        run.save()
+    for variant in VARIANTS:
+        cands = [v for (var, _), v in times.items() if var == variant
+                 and all(v.get(s) for s in shapes)]
+        if not cands:
+            continue
+        best_at = {s: min(c[s] for c in cands) for s in shapes}
+        score = lambda c: math.exp(sum(math.log(c[s] / best_at[s]) for s in shapes)
+                                   / len(shapes))
+        best = min(cands, key=score)
+        run.results["best_config"][f"{variant}/{D}"] = {
+            "config": best["cfg"], "label": cfg_label(best["cfg"]),
+            "geomean_vs_best": score(best),
+            "ms": {f"{b}x{c}": best[(b, c)] for b, c in shapes},
+            "best_ms_per_shape": {f"{b}x{c}": best_at[(b, c)] for b, c in shapes}}
+    # which variant kvarn.decode should default to at this head dim, and with what
+    geo = {v: math.exp(sum(math.log(t) for t in b["ms"].values()) / len(b["ms"]))
+           for v in VARIANTS if (b := run.results["best_config"].get(f"{v}/{D}"))}
+    if geo:
+        win = min(geo, key=geo.get)
+        run.results.setdefault("suggested_defaults", {})[str(D)] = {
+            "variant": win, "launch": run.results["best_config"][f"{win}/{D}"]["config"],
+            "geomean_ms": geo}
+    run.save()
+
+
+def fp16_baseline(r: dict, q, bsz: int, ctx: int, gqa: int, D: int, g: int, tune: bool,
+                  dev: str, reps: int) -> None:
     nblk = -(-ctx // g)
     cache16 = torch.randn(bsz * nblk, 2, HEADS, g, D, device=dev, dtype=torch.float16)
     bt16 = torch.randperm(bsz * nblk, device=dev).to(torch.int32).view(bsz, nblk)
+    seq = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
     q16 = q[:, 0].contiguous()
+    qo_bytes = 2 * q.numel() * 2
     fp16_bytes = bsz * ctx * HEADS * D * 2 * 2 + qo_bytes + bt16.numel() * 4
     fs = default_splits(bsz, HEADS, nblk)
+    tuned = tune and (bsz, ctx) in SWEEP_SHAPES
     t16 = min(bench(lambda: fp16_paged_decode(q16, cache16, bt16, seq, fs, w16, n16), reps)
-              for w16, n16 in (TUNE_FP16 if tune else [(4, 2)]))
-    r["fp16_triton_ms"] = t16
-    r["fp16_bytes"] = fp16_bytes
-    r["fp16_triton_TBps"] = fp16_bytes / t16 / 1e9
+              for w16, n16 in (TUNE_FP16 if tuned else [(4, 2)]))
+    r.update(fp16_triton_ms=t16, fp16_triton_tuned=tuned, fp16_bytes=fp16_bytes,
+             fp16_triton_TBps=fp16_bytes / t16 / 1e9)
     # contiguous K/V for SDPA, and a plain torch paged reference (gather, then attend)
     k = cache16[bt16.long(), 0].permute(0, 2, 1, 3, 4).reshape(bsz, HEADS, nblk * g, D)
     v = cache16[bt16.long(), 1].permute(0, 2, 1, 3, 4).reshape(bsz, HEADS, nblk * g, D)
@@ -146,8 +245,7 @@ def run_shape(p: Preset, bsz: int, ctx: int, gqa: int, D: int, tune: bool, dev: 
     r["sdpa_TBps"] = fp16_bytes / r["sdpa_ms"] / 1e9
     # the Triton baseline must compute what SDPA computes
     got = fp16_paged_decode(q16, cache16, bt16, seq, fs)
-    err = (got.float() - sdpa()[:, :, 0].float()).abs().max().item()
-    r["fp16_triton_vs_sdpa_maxabs"] = err
+    r["fp16_triton_vs_sdpa_maxabs"] = (got.float() - sdpa()[:, :, 0].float()).abs().max().item()
     del k, v
 
     def plain():
@@ -158,11 +256,48 @@ def run_shape(p: Preset, bsz: int, ctx: int, gqa: int, D: int, tune: bool, dev: 
         return torch.einsum("bhgl,bhld->bhgd", s_.softmax(-1), vv[:, :, :ctx].float())
 
     r["torch_plain_ms"] = bench(plain, reps) if bsz * ctx <= (1 << 20) else None
-    r["roofline_kvarn_ms"] = r["kvarn_bytes"] / HBM_BPS * 1e3
     r["roofline_fp16_ms"] = fp16_bytes / HBM_BPS * 1e3
-    r["kvarn_over_fp16_triton"] = t / t16
+
+
+def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict:
+    args, dev = run.args, run.dev
+    state = kvarn_state(p, bsz, ctx, D, dev)
+    q = torch.randn(bsz, 1, HEADS * gqa, D, device=dev, dtype=torch.float16)
+    reps = args.repeats if bsz == 1 else 1
+    r = {"preset": p.name, "head_dim": D, "batch": bsz, "context": ctx, "gqa": gqa,
+         "tokens": bsz * ctx, "variants": {}}
+    for variant in VARIANTS:
+        best = run.results["best_config"].get(f"{variant}/{D}")
+        cfg = dict(best["config"]) if best else {}
+        t, splits = kvarn_ms(variant, cfg, state, q, reps)
+        r["variants"][variant] = {"ms": t, "config": cfg, "label": cfg_label(cfg) or "default",
+                                  "splits": splits, "tuned": bool(best)}
+    old = r["variants"]["prefetch"]
+    if launch_config("prefetch", D, **old["config"]) != launch_config("prefetch", D):
+        # the old kernel as it ships today, for the old-vs-new column
+        r["prefetch_default_ms"] = kvarn_ms("prefetch", {}, state, q, reps)[0]
+    else:
+        r["prefetch_default_ms"] = old["ms"]
+    fastest = min(r["variants"], key=lambda v: r["variants"][v]["ms"])
+    t = r["variants"][fastest]["ms"]
+    cfg = r["variants"][fastest]["config"]
+    qo_bytes = 2 * q.numel() * 2
+    r.update(kvarn_variant=fastest, kvarn_ms=t, kvarn_config=cfg,
+             kvarn_bytes=state[5] + qo_bytes)
+    r["kvarn_TBps"] = r["kvarn_bytes"] / t / 1e9
+    r["kvarn_pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (t * 1e-3)
+    kv, bt, st, seq, nf, _ = state
+    splits = r["variants"][fastest]["splits"]
+    r["kvarn_with_rotations_ms"] = bench(
+        lambda: attend(q, kv, bt, st, seq, nf, num_splits=splits, variant=fastest, **cfg), reps)
+    del state, kv
+    fp16_baseline(r, q, bsz, ctx, gqa, D, p.group, not (args.no_tune or args.smoke), dev, reps)
+    r["roofline_kvarn_ms"] = r["kvarn_bytes"] / HBM_BPS * 1e3
+    r["kvarn_over_fp16_triton"] = t / r["fp16_triton_ms"]
     r["kvarn_over_sdpa"] = t / r["sdpa_ms"]
-    del cache16
+    for v in r["variants"].values():
+        v["over_fp16_triton"] = v["ms"] / r["fp16_triton_ms"]
+        v["pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (v["ms"] * 1e-3)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return r
@@ -182,75 +317,187 @@ def run_flush(p: Preset, D: int, dev: str, decode_ms: float, bsz: int, n_blocks:
             "cost_vs_decode_step_pct": 100 * per_step_ms / decode_ms}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
-    ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 256], choices=HEAD_DIMS)
-    ap.add_argument("--gqa", nargs="+", type=int, default=[4, 8])
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="single-sequence shapes: the median of this many timed medians")
-    ap.add_argument("--no-tune", action="store_true", help="default launch config only")
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny shapes, default config, CPU allowed (TRITON_INTERPRET=1): checks "
-                         "that every path runs, times mean nothing")
-    args = ap.parse_args()
-    if args.repeats < 1:
-        ap.error(f"--repeats {args.repeats}: allowed: 1 or more")
-    if not torch.cuda.is_available() and not args.smoke:
-        sys.exit("bench/kvarn_decode.py needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1)")
+def _prewarm_one(task) -> str:
+    """Compile one configuration by running it on a tiny state (the binary does not
+    depend on shapes: the kernels' runtime ints are not value-specialized)."""
+    variant, name, D, gqa, cfg, splits = task
+    p = Preset.parse(name)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    tune = not (args.no_tune or args.smoke)
-    reference = shapes[-1] if args.smoke else REFERENCE_SHAPE
-    torch.manual_seed(0)
-    results = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-               "torch": torch.__version__, "triton": triton.__version__,
-               "roofline_TBps": HBM_BPS / 1e12, "smoke": args.smoke,
-               "decode": [], "flush": []}
-    for D in args.head_dims:
-        for name in args.presets:
-            p = Preset.parse(name)
-            for bsz, ctx in shapes:
-                for gqa in args.gqa:
-                    r = run_shape(p, bsz, ctx, gqa, D, tune, dev, args.repeats)
-                    results["decode"].append(r)
-                    print(json.dumps(r), flush=True)
-            ref_step = next(r for r in results["decode"] if r["preset"] == name
-                            and r["head_dim"] == D and (r["batch"], r["context"]) == reference)
-            results["flush"].append(run_flush(p, D, dev, ref_step["kvarn_ms"], reference[0],
-                                              8 if args.smoke else 512))
-    big = [r for r in results["decode"] if r["tokens"] >= (1 << 20)] or results["decode"]
-    at_ref = [r for r in results["decode"] if (r["batch"], r["context"]) == reference]
-    results["targets"] = {
-        "min_pct_roofline_at_1M_tokens": min(r["kvarn_pct_roofline"] for r in big),
-        "bandwidth_target_met": all(r["kvarn_pct_roofline"] >= 60 for r in big),
-        "max_time_ratio_vs_fp16_at_64x16K": max(r["kvarn_over_fp16_triton"] for r in at_ref),
-        "time_ratio_target_met": all(r["kvarn_over_fp16_triton"] <= 0.45 for r in at_ref),
-    }
-    print(json.dumps(results))
-    hdr = (f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
-           f"{'%roof':>5} {'+rot ms':>8} {'fp16trt':>8} {'sdpa':>7} {'torch':>7} "
-           f"{'roof ms':>7} {'kv/fp16':>7} cfg")
-    print(hdr)
+    kv, bt, st, seq, nf, _ = kvarn_state(p, 1, 4 * p.group + 3, D, dev)
+    q = torch.randn(1, 1, HEADS * gqa, D, device=dev, dtype=torch.float16)
+    try:
+        attend_rotated(q, kv, bt, st, seq, nf, num_splits=splits, variant=variant, **cfg)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return "ok"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def prewarm(args) -> None:
+    import multiprocessing as mp
+    tasks = [(variant, name, D, gqa, cfg, splits)
+             for D in args.head_dims
+             for name, gqa in plan_combos(args)
+             for variant in VARIANTS
+             for cfg in SWEEP_GRID[variant]
+             for splits in ((1, 2) if variant == "pipelined" else (1,))]
+    started = time.monotonic()
+    with mp.get_context("spawn").Pool(args.workers) as pool:
+        done = pool.map(_prewarm_one, tasks, chunksize=1)
+    bad = [(t[:4], d) for t, d in zip(tasks, done) if d != "ok"]
+    print(json.dumps({"prewarm_tasks": len(tasks), "failed": bad,
+                      "seconds": time.monotonic() - started}), flush=True)
+
+
+def plan_combos(args) -> list[tuple[str, int]]:
+    """(preset, gqa) pairs of the table: every GQA for the default preset, the first
+    for the others (compiles are per GQA ratio; the format's cost is not)."""
+    return [(name, gqa) for name in args.presets
+            for gqa in (args.gqa if name == PRESETS[0] else args.gqa[:1])]
+
+
+def print_table(results: dict) -> None:
+    if results["best_config"]:
+        print("best configurations (sweep at " + ", ".join(f"{b}x{c}" for b, c in SWEEP_SHAPES)
+              + f", {PRESETS[0]}, GQA {SWEEP_GQA}):")
+        for key, b in results["best_config"].items():
+            print(f"  {key:14} {b['label']:16} ms {json.dumps(b['ms'])} "
+                  f"(best per shape {json.dumps(b['best_ms_per_shape'])})")
+    for D, sug in results.get("suggested_defaults", {}).items():
+        print(f"suggested for kvarn.decode at D={D}: variant {sug['variant']!r}, "
+              f"LAUNCH_DEFAULTS_BY_HEAD_DIM[({sug['variant']!r}, {D})] = {sug['launch']}")
+    print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
+          f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'old dflt':>9} {'+rot ms':>8} "
+          f"{'fp16trt':>8} {'sdpa':>7} {'torch':>7} {'roof ms':>7} {'kv/fp16':>7} best")
     for r in results["decode"]:
         plain = f"{r['torch_plain_ms']:.3f}" if r["torch_plain_ms"] else "-"
-        c = r["kvarn_config"]
+        var = r["variants"]
+        old = r.get("prefetch_default_ms")
         print(f"{r['preset']:16} {r['head_dim']:>3} {r['batch']:>3}x{r['context'] / 1024:>4.1f}K "
               f"{r['gqa']:>3} {r['kvarn_ms']:9.4f} {r['kvarn_TBps']:5.2f} "
-              f"{r['kvarn_pct_roofline']:5.1f} {r['kvarn_with_rotations_ms']:8.4f} "
-              f"{r['fp16_triton_ms']:8.4f} {r['sdpa_ms']:7.4f} {plain:>7} "
-              f"{r['roofline_kvarn_ms']:7.4f} {r['kvarn_over_fp16_triton']:7.3f} "
-              f"s{c['splits']}w{c['num_warps']}n{c['num_stages']}r{c['maxnreg'] or '-'}"
-              f"t{c['tile_tokens']}p{c['prefetch']}")
+              f"{r['kvarn_pct_roofline']:5.1f} {var['prefetch']['ms']:9.4f} "
+              f"{var['pipelined']['ms']:9.4f} {old if old is None else round(old, 4)!s:>9} "
+              f"{r['kvarn_with_rotations_ms']:8.4f} {r['fp16_triton_ms']:8.4f} "
+              f"{r['sdpa_ms']:7.4f} {plain:>7} {r['roofline_kvarn_ms']:7.4f} "
+              f"{r['kvarn_over_fp16_triton']:7.3f} {r['kvarn_variant']}:"
+              f"{var[r['kvarn_variant']]['label']}")
     for f in results["flush"]:
         print(f"flush {f['preset']} D={f['head_dim']}: {f['tiles_per_s'] / 1e6:.2f} M tiles/s; "
               f"steady state {f['per_decode_step_ms'] * 1e3:.2f} us per reference step = "
               f"{f['cost_vs_decode_step_pct']:.2f}% of the decode step")
-    print("targets:", json.dumps(results["targets"]))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+    print("targets:", json.dumps(results.get("targets", {})))
+    if results["truncated"]:
+        print("truncated: the --budget-s ran out before every row was measured")
+
+
+def targets(results: dict, reference, single) -> dict:
+    rows = results["decode"]
+    out = {}
+    for D in sorted({r["head_dim"] for r in rows}):
+        mine = [r for r in rows if r["head_dim"] == D]
+        big = [r for r in mine if r["tokens"] >= (1 << 20)]
+        at_ref = [r for r in mine if (r["batch"], r["context"]) == reference]
+        at_single = [r for r in mine if (r["batch"], r["context"]) == single]
+        t = {}
+        if big:
+            t["min_pct_roofline_at_1M_tokens"] = min(r["kvarn_pct_roofline"] for r in big)
+            t["bandwidth_target_met"] = all(r["kvarn_pct_roofline"] >= 60 for r in big)
+        if at_ref:
+            t["max_time_ratio_vs_fp16_at_64x16K"] = max(r["kvarn_over_fp16_triton"]
+                                                        for r in at_ref)
+            t["time_ratio_64x16K_target_met"] = all(r["kvarn_over_fp16_triton"] <= 0.45
+                                                    for r in at_ref)
+        if at_single:
+            t["max_time_ratio_vs_fp16_at_1x32K"] = max(r["kvarn_over_fp16_triton"]
+                                                       for r in at_single)
+            t["time_ratio_1x32K_target_met"] = all(r["kvarn_over_fp16_triton"] <= 0.6
+                                                   for r in at_single)
+        out[f"D{D}"] = t
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the results here (rewritten after every row)")
+    ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 256], choices=HEAD_DIMS)
+    ap.add_argument("--gqa", nargs="+", type=int, default=[4, 8],
+                    help="GQA ratios of the table (the first only, for non-default presets)")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxL",
+                    help="table shapes, e.g. 64x16384 (default: " +
+                         " ".join(f"{b}x{c}" for b, c in SHAPES) + ")")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="single-sequence shapes: the median of this many timed medians")
+    ap.add_argument("--no-tune", action="store_true",
+                    help="no sweep: every variant at its launch defaults; fp16 untuned")
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="stop adding table rows and flush runs after this many seconds")
+    ap.add_argument("--prewarm-only", action="store_true",
+                    help="only compile the kernels' sweep grids, in --workers processes")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shapes, default config, CPU allowed (TRITON_INTERPRET=1): checks "
+                         "that every path runs, times mean nothing")
+    ap.add_argument("--smoke-sweep", action="store_true",
+                    help="with --smoke: also a sweep of two configurations per variant at the "
+                         "tiny shapes (the sweep's code path)")
+    args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: allowed: 1 or more")
+    if args.workers < 1:
+        ap.error(f"--workers {args.workers}: allowed: 1 or more")
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes:
+        try:
+            shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
+            assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
+        except (ValueError, AssertionError):
+            ap.error(f"--shapes {' '.join(args.shapes)}: allowed: BATCHxCONTEXT, e.g. 64x16384")
+    if args.prewarm_only:
+        prewarm(args)
+        return
+    if not torch.cuda.is_available() and not args.smoke:
+        sys.exit("bench/kvarn_decode.py needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1)")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tune = not (args.no_tune or args.smoke)
+    reference = shapes[-1] if args.smoke else REFERENCE_SHAPE
+    single = shapes[0] if args.smoke else SINGLE_SHAPE
+    torch.manual_seed(0)
+    run = Run(args, dev)
+    if tune:
+        for D in args.head_dims:
+            sweep(run, D)
+    elif args.smoke and args.smoke_sweep:
+        for D in args.head_dims:
+            sweep(run, D, shapes, {v: g[:2] for v, g in SWEEP_GRID.items()}, [2],
+                  args.presets[0])
+    ref_ms = {}
+    # Most wanted rows first, so a --budget-s cut loses the least: the default preset at
+    # the first GQA ratio and the target shapes, every head dim, then the rest.
+    first = [s for s in (reference, single) if s in shapes]
+    order = sorted(shapes, key=lambda s: (s not in first, first.index(s) if s in first else 0))
+    for (name, gqa), D in itertools.product(plan_combos(args), args.head_dims):
+        p = Preset.parse(name)
+        for bsz, ctx in order:
+            if run.over_budget():
+                break
+            r = table_row(run, p, bsz, ctx, gqa, D)
+            run.results["decode"].append(r)
+            if (bsz, ctx) == reference:
+                ref_ms.setdefault((name, D), r["kvarn_ms"])
+            print(json.dumps(r), flush=True)
+            run.save()
+    for (name, D), ms in ref_ms.items():
+        if run.over_budget():
+            break
+        run.results["flush"].append(run_flush(Preset.parse(name), D, dev, ms, reference[0],
+                                              8 if args.smoke else 512))
+        run.save()
+    run.results["targets"] = targets(run.results, reference, single)
+    run.save()
+    print(json.dumps(run.results))
+    print_table(run.results)
 
 
 if __name__ == "__main__":
