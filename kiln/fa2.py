@@ -37,7 +37,7 @@ STABLE_ATTENTION_OPS = {
 }
 # Where upstream calls the attention ops, and where the fork's own code may.
 UPSTREAM_SCAN = ("vllm/vllm_flash_attn", "vllm/v1/attention", "vllm/_custom_ops.py")
-FORK_SCAN = ("vllm/fork", "kvarn")
+FORK_SCAN = ("vllm/fork", "kvarn", "specattn")
 FA_CMAKE = "cmake/external_projects/vllm_flash_attn.cmake"
 _GIT = re.compile(r"GIT_REPOSITORY\s+(\S+)\s+GIT_TAG\s+([0-9a-f]{7,40})\b")
 # A NUL-terminated string that looks like 'name(...) -> ...'; the parser decides.

@@ -10,7 +10,7 @@ A GPU machine with Python 3.12 and a CUDA torch >= 2.11 but no network and no vL
     standins/...               empty modules in place of extensions left out
     wheels/*.whl               requirements/gpu-bundle.lock: what such a machine lacks,
                                and the fork's xgrammar built for that Python
-    src/                       kiln, tests, bench, kvarn, pyproject.toml: the tier's sources
+    src/                       kiln, tests, bench, kvarn, specattn, pyproject.toml: the sources
 
 The pieces that take long (slimming and compressing 124 MB of extensions, compressing
 the Python tree) are cached under kiln's cache, keyed by the hashes of their inputs
@@ -87,9 +87,9 @@ LEFT_OUT = {
 JIT_SOURCE_TREES = ("vllm/third_party/deep_gemm/", "vllm/third_party/fmha_sm100/")
 JIT_SOURCE_SUFFIXES = (".h", ".hpp", ".cuh", ".inl", ".cu", ".cpp", ".c")
 # The sources the GPU tier runs from: kiln (tiny-model), the tests, the benchmarks,
-# kvarn (bench/ and tests/kernels import it as a top-level package) and
+# kvarn and specattn (bench/ and tests/kernels import them as top-level packages) and
 # pyproject.toml (pytest's settings).
-SOURCE_PATHS = ("kiln", "tests", "bench", "kvarn", "pyproject.toml")
+SOURCE_PATHS = ("kiln", "tests", "bench", "kvarn", "specattn", "pyproject.toml")
 STANDIN_FA2 = "vllm/vllm_flash_attn/_vllm_fa2_C.py"
 STANDIN_TEXT = '''\
 """Stand-in for FlashAttention 2's compiled extension, which the GPU bundle leaves out.

@@ -1,8 +1,8 @@
 """Build the fork wheel by repacking the pristine upstream wheel.
 
 Upstream's compiled files are copied byte for byte; the series is applied to
-the Python files it touches; the ``vllm/`` overlay and ``kvarn/`` are added
-inside the package; the version module, METADATA and RECORD are rewritten.
+the Python files it touches; the ``vllm/`` overlay, ``kvarn/`` and ``specattn/`` are
+added inside the package; the version module, METADATA and RECORD are rewritten.
 Entries carry one timestamp (SOURCE_DATE_EPOCH, else the HEAD commit's time),
 so two builds of one commit are byte-identical.
 """
@@ -35,7 +35,8 @@ from kiln.pins import PinChanges
 from kiln.series import Series, Topic, series_dir
 from kiln.version import fork_version, version_tuple
 
-OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"))  # repo folder -> wheel folder
+# repo folder -> wheel folder
+OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"), ("specattn", "vllm/specattn"))
 SKIP_PARTS = ("__pycache__",)
 SKIP_SUFFIXES = (".pyc", ".pyo")
 COMPILED_SOURCE_PREFIXES = ("csrc/", "cmake/", "CMakeLists.txt")

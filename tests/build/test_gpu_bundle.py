@@ -155,7 +155,7 @@ def test_the_python_tree_is_the_wheels_files_less_compiled_code_and_jit_headers(
 def test_the_sources_take_the_bundle_for_the_repository_root(bundle):
     src = bundle.path / "src"
     for rel in ("kiln/__main__.py", "tests/e2e/data/corpus.txt", "bench", "kvarn/__init__.py",
-                "pyproject.toml"):
+                "specattn/__init__.py", "pyproject.toml"):
         assert (src / rel).exists(), rel
     result = subprocess.run(
         [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln import tinymodel; "

@@ -79,8 +79,8 @@ def test_the_version_module_and_manifest_name_the_fork(fork_zip, fork_wheel):
                         "topics": [t.name for t in Series.load().topics]}
 
 
-def test_tracked_overlay_and_kvarn_files_are_inside_the_package(fork_zip):
-    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "vllm", "kvarn"],
+def test_tracked_overlay_kvarn_and_specattn_files_are_inside_the_package(fork_zip):
+    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "vllm", "kvarn", "specattn"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert tracked
     for rel in tracked:
