@@ -48,7 +48,8 @@ class Driver:
     """One KVARN layer served the way the V2 runner serves it."""
 
     def __init__(self, model_dir: str, preset: str, max_num_seqs: int = 4,
-                 max_batched: int = 160, monkeypatch=None) -> None:
+                 max_batched: int = 160, monkeypatch=None,
+                 speculative_config: dict | None = None) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.engine.arg_utils import EngineArgs
         from vllm.kvarn import Preset
@@ -62,6 +63,7 @@ class Driver:
             model=model_dir, skip_tokenizer_init=True, kv_cache_dtype=preset,
             max_model_len=512, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_batched, enable_prefix_caching=True,
+            speculative_config=speculative_config,
         ).create_engine_config()
         if monkeypatch is not None:
             # This test plays Model Runner V2, which cannot itself run on a CPU host
@@ -293,3 +295,29 @@ def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeyp
 def test_v1_runner_is_refused(model_dir):
     with pytest.raises(ValueError, match="Model Runner V2"):
         Driver(model_dir, "kvarn_k4v2_g64")
+
+
+def test_speculative_verify_rows_attend_through_the_fused_kernel(model_dir, monkeypatch):
+    """With speculation, rows of 1 + k query tokens are decode rows: the builder sends them
+    to kvarn.decode.attend together (one uniform verify launch), each token causal over
+    records, side rows and the tokens before it."""
+    k = 3
+    d = Driver(model_dir, "kvarn_k4v2_g64", monkeypatch=monkeypatch, speculative_config={
+        "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1})
+    try:
+        g = d.g
+        a = Request("va", _prompt(60, 3 * g + 40))
+        b = Request("vb", _prompt(61, 2 * g + 30))
+        d.admit(a)
+        d.step([(a, 2 * g + 10)])  # prefills: records past the sink
+        d.admit(b)
+        d.step([(b, 2 * g)])
+        checked = d.checked
+        for _ in range(6):  # verify steps, crossing block boundaries
+            md = d.step([(a, 1 + k), (b, 1 + k)])
+            assert (md.num_decodes, md.decode_query_len) == (2, 1 + k)
+        assert d.checked - checked == 6 * 2 * (1 + k)
+        assert d.max_err > 0.05, "no quantized record was read"
+    finally:
+        d.close()
