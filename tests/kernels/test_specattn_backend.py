@@ -58,19 +58,21 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def fresh(monkeypatch):
     """The knob on, and no pools or knob decisions left from another test."""
+    import vllm.specattn
     from vllm.fork import spec_attn, spec_scratch
 
     monkeypatch.setenv("VLLM_TRITON_SPEC_VERIFY_ATTN", "1")
     monkeypatch.setattr(spec_attn, "_enabled", {})
     monkeypatch.setattr(spec_scratch, "_POOLS", {})
+    assert spec_attn.MAX_QUERY_LEN == vllm.specattn.MAX_QUERY_LEN
     calls = []
-    real = spec_attn.verify_attention
+    real = vllm.specattn.verify_attention
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spec_attn, "verify_attention", spy)
+    monkeypatch.setattr(vllm.specattn, "verify_attention", spy)
     return calls
 
 

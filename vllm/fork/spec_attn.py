@@ -22,13 +22,18 @@ records.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from vllm import envs
 from vllm.logger import init_logger
-from vllm.specattn import CACHE_DTYPES, MAX_QUERY_LEN, Mode, PagedCache, verify_attention
 
 logger = init_logger(__name__)
+
+# vllm.specattn.MAX_QUERY_LEN. vllm.specattn imports Triton itself, so it is imported
+# only where Triton is installed: upstream imports this backend on every platform.
+MAX_QUERY_LEN = 16
 
 # (compute capability) -> the --kv-cache-dtype values the fork's kernel was measured
 # faster for on verify batches; empty until a GPU measurement says otherwise.
@@ -43,7 +48,9 @@ def enabled(kv_cache_dtype: str) -> bool:
     on = _enabled.get(kv_cache_dtype)
     if on is None:
         setting = envs.VLLM_TRITON_SPEC_VERIFY_ATTN
-        if kv_cache_dtype not in CACHE_DTYPES:
+        if importlib.util.find_spec("triton") is None:
+            on = False
+        elif kv_cache_dtype not in _cache_modes():
             on = False
         elif setting is not None:
             on = setting
@@ -57,6 +64,12 @@ def enabled(kv_cache_dtype: str) -> bool:
         logger.info_once("Speculative verify attention for --kv-cache-dtype %s: %s",
                          kv_cache_dtype, "the fork's split-KV kernel" if on else "upstream's")
     return on
+
+
+def _cache_modes() -> dict:
+    from vllm.specattn import CACHE_DTYPES
+
+    return CACHE_DTYPES
 
 
 def upstream_split_query_len(kv_cache_dtype: str) -> int:
@@ -81,6 +94,8 @@ def serves(impl, layer, attn_metadata, query: torch.Tensor, output_scale) -> boo
         return False
     if not enabled(impl.kv_cache_dtype):
         return False
+    from vllm.specattn import CACHE_DTYPES, Mode
+
     if query.dtype == torch.float8_e4m3fn:  # upstream quantized it for an fp8 cache
         query_ok = CACHE_DTYPES[impl.kv_cache_dtype] == Mode.FP8 and layer._q_scale.numel() == 1
     else:
@@ -103,6 +118,8 @@ def serves(impl, layer, attn_metadata, query: torch.Tensor, output_scale) -> boo
 def forward(impl, layer, query: torch.Tensor, key_cache: torch.Tensor,
             value_cache: torch.Tensor, attn_metadata, output: torch.Tensor) -> torch.Tensor:
     """The verify batch through the fork's kernel, written into output."""
+    from vllm.specattn import CACHE_DTYPES, Mode, PagedCache, verify_attention
+
     mode = CACHE_DTYPES[impl.kv_cache_dtype]
     if mode == Mode.FP8:
         cache = PagedCache(mode, key_cache, value_cache, layer._k_scale, layer._v_scale)
