@@ -23,6 +23,14 @@ back win by >= 20 nats over every other key within --max-positions (the
 build refuses a shape where it would not); values carry a +/-1 code per token
 that the untied lm_head reads. It stays exact with key noise ~0.1 and value
 noise ~0.5 (relative), as a 4-bit/2-bit KV cache adds.
+
+--dflash2-drafter --target DIR writes a random DFlash2 drafter for the model in
+DIR instead (vLLM's DFlash2DraftModel, speculative method "dflash"): a
+config.json with a dflash_config (block_size, conv_group_size,
+conv_kernel_size, mask_token_id, target_layer_ids, selector_rank,
+selector_top_k) and its weights, without an embedding or lm_head (vLLM takes
+both from the target). Hidden size, heads and vocabulary are the target's;
+--layers sets the drafter's layers (default 1).
 """
 
 from __future__ import annotations
@@ -42,6 +50,20 @@ _SIZE_FLAGS = (
     ("--head-dim", "head_dim", "channels per head; even"),
     ("--intermediate", "intermediate_size", "MLP intermediate size"),
     ("--max-positions", "max_position_embeddings", "max_position_embeddings"),
+)
+
+
+# Drafter flags: (flag, DrafterSpec field, help).
+_DRAFTER_FLAGS = (
+    ("--block-size", "block_size", "query tokens per request it drafts from (anchor + "
+     "masks; default 16)"),
+    ("--conv-group-size", "conv_group_size", "channels per convolution group; must "
+     "divide the hidden size (default 16)"),
+    ("--conv-kernel-size", "conv_kernel_size", "convolution taps (default 3)"),
+    ("--selector-rank", "selector_rank", "candidate selector rank (default 8)"),
+    ("--selector-top-k", "selector_top_k", "candidates per position (default 4)"),
+    ("--mask-token-id", "mask_token_id", "token id of the mask slots (default: the "
+     "target's pad token)"),
 )
 
 
@@ -91,6 +113,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a copying model (see above) instead of random weights",
     )
     parser.add_argument(
+        "--dflash2-drafter",
+        action="store_true",
+        help="a random DFlash2 drafter for the model given with --target (see above)",
+    )
+    parser.add_argument("--target", type=Path, default=None, metavar="DIR",
+                        help="with --dflash2-drafter: the target model's folder")
+    for flag, field, text in _DRAFTER_FLAGS:
+        parser.add_argument(flag, type=int, default=None, metavar="N", dest=field,
+                            help=f"with --dflash2-drafter: {text}")
+    parser.add_argument(
+        "--target-layer-ids", default=None, metavar="I,J,..",
+        help="with --dflash2-drafter: target layers feeding the drafter (default: all)")
+    parser.add_argument(
         "--copy-period",
         type=int,
         default=None,
@@ -124,9 +159,48 @@ def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
     return spec
 
 
+def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpec
+    from kiln import tinymodel
+    from kiln.errors import KilnError
+
+    if args.target is None:
+        raise KilnError("--dflash2-drafter needs --target DIR (the target model's folder)")
+    others = [flag for flag, field, _ in _SIZE_FLAGS
+              if field != "num_layers" and getattr(args, field) is not None]
+    others += [f"--{f}" for f in ("dtype", "init", "size") if getattr(args, f) not in
+               (None, "tiny")]
+    others += [flag for flag, on in (("--hybrid", args.hybrid), ("--copy", args.copy)) if on]
+    if others:
+        raise KilnError(f"--dflash2-drafter takes its sizes from --target; drop "
+                        f"{', '.join(others)} (allowed: --layers and the drafter flags)")
+    overrides = {field: getattr(args, field) for _, field, _ in _DRAFTER_FLAGS
+                 if getattr(args, field) is not None}
+    if args.num_layers is not None:
+        overrides["num_layers"] = args.num_layers
+    if args.target_layer_ids is not None:
+        try:
+            overrides["target_layer_ids"] = tuple(
+                int(x) for x in args.target_layer_ids.split(","))
+        except ValueError:
+            raise KilnError(f"--target-layer-ids {args.target_layer_ids}: give "
+                            "comma-separated layer indices, e.g. 0,1") from None
+    return tinymodel.DrafterSpec(**overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from kiln import tinymodel
+    from kiln.errors import KilnError
 
+    if args.dflash2_drafter:
+        out = tinymodel.build_dflash2_drafter(args.target, out=args.out,
+                                              spec=drafter_spec_from_args(args))
+        print(out)
+        return 0
+    stray = [flag for flag, field, _ in _DRAFTER_FLAGS if getattr(args, field) is not None]
+    stray += [f for f, v in (("--target", args.target),
+                             ("--target-layer-ids", args.target_layer_ids)) if v is not None]
+    if stray:
+        raise KilnError(f"{', '.join(stray)}: only apply with --dflash2-drafter")
     out = tinymodel.build(out=args.out, spec=spec_from_args(args))
     print(out)
     return 0
