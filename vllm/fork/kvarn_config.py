@@ -27,10 +27,11 @@ ALLOWED_MODEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 SIDE_BLOCKS_ENV = "KVARN_SIDE_BLOCKS"
-# Speculative methods whose drafts need no attention layers of their own: a drafter's
-# layers would share the target's KVarN bookkeeping, which only the runner's real
-# steps may drive.
-SPEC_METHODS = ("ngram",)
+# Speculative methods whose drafts need no attention layers of their own (Model Runner V2
+# runs both through one n-gram speculator). A drafter's layers would share the target's
+# KVarN bookkeeping, which only the runner's real steps drive, and DFlash drafters write
+# their context K/V outside those steps.
+SPEC_METHODS = ("ngram", "ngram_gpu")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""Run by test_dflash2_config.py in a process of its own:
+
+    python dflash2_child.py TARGET DRAFTER OUT_JSON
+
+Builds engine configs with upstream's EngineArgs(...).create_engine_config() for each
+case (the fork's DFlash2 settings and the KVarN method rule) and records the resolved
+settings or the error; then builds vLLM's DFlash2 model class from one of them on the
+CPU and loads the drafter's checkpoint through the class's own load_weights.
+
+The process starts with CUDA_VISIBLE_DEVICES="" so upstream's Triton check takes the
+lenient path (no device yet) and Model Runner V2, the only runner DFlash2 drafts on,
+is chosen on this CPU machine; no kernel runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def cases(target: str, drafter: str) -> dict[str, dict]:
+    def dflash(k: int, **kiln) -> dict:
+        spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": k,
+                "attention_backend": "CPU_ATTN"}
+        if kiln:
+            spec["kiln_dflash2"] = kiln
+        return {"speculative_config": spec}
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+             "prompt_lookup_max": 4}
+    return {
+        "defaults-k7": dflash(7),
+        "lookup-v15-k7": dflash(15, lookup=True, draft_tokens=7),
+        "lookup-v20": dflash(20, lookup=True),
+        "verify-shorter-than-drafter": dflash(5, draft_tokens=7),
+        "k-above-block": dflash(7, draft_tokens=16),
+        "v-above-block-without-lookup": dflash(16),
+        "lookup-min-above-max": dflash(7, lookup=True, lookup_min=5, lookup_max=3),
+        "unknown-key": dflash(7, verify_block=15),
+        "lookup-probabilistic": {"speculative_config": {
+            **dflash(7, lookup=True)["speculative_config"],
+            "draft_sample_method": "probabilistic"}},
+        "kiln-dflash2-on-ngram": {"speculative_config": {**ngram, "kiln_dflash2": {}}},
+        "kvarn-dflash": {**dflash(7), "kv_cache_dtype": "kvarn_k4v2_g128"},
+        "kvarn-ngram": {"speculative_config": ngram, "kv_cache_dtype": "kvarn_k4v2_g128"},
+        "kvarn-ngram_gpu": {"speculative_config": {**ngram, "method": "ngram_gpu"},
+                            "kv_cache_dtype": "kvarn_k4v2_g128"},
+    }
+
+
+def main() -> int:
+    target, drafter, out_path = sys.argv[1:4]
+    from vllm.engine.arg_utils import EngineArgs
+
+    results: dict[str, dict] = {}
+    configs = {}
+    for name, extra in cases(target, drafter).items():
+        args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512,
+                          enforce_eager=True, dtype="bfloat16", **extra)
+        try:
+            config = args.create_engine_config()
+        except Exception as e:  # noqa: BLE001 - the message is what the test reads
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        spec = config.speculative_config
+        configs[name] = config
+        results[name] = {"method": spec.method,
+                         "num_speculative_tokens": spec.num_speculative_tokens,
+                         "kiln_dflash2": spec.kiln_dflash2,
+                         "v2_runner": config.use_v2_model_runner}
+    results["model"] = load_model(configs["lookup-v15-k7"], drafter)
+    Path(out_path).write_text(json.dumps(results))
+    return 0
+
+
+def load_model(config, drafter: str) -> dict:
+    """vLLM's model class for the drafter's architecture, built as the speculator
+    builds it (the drafter's own token count) and loaded from the checkpoint."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.fork.dflash2_config import settings_of
+    from vllm.fork.dflash2_speculator import drafter_view
+    from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    settings = settings_of(config.speculative_config)
+    view = drafter_view(config, settings.draft_tokens)
+    with set_current_vllm_config(view):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo",
+            distributed_init_method=f"file://{tempfile.mkstemp()[1]}")
+        initialize_model_parallel(1, 1)
+    arch = view.speculative_config.draft_model_config.architectures[0]
+    model_cls, _ = ModelRegistry.resolve_model_cls([arch],
+                                                   view.speculative_config.draft_model_config)
+    with set_current_vllm_config(view), set_default_torch_dtype(config.model_config.dtype):
+        model = model_cls(vllm_config=view)
+    params = dict(model.named_parameters())
+    weights = load_file(str(Path(drafter) / "model.safetensors"))
+    model.load_weights(iter(weights.items()))
+    dtype = config.model_config.dtype
+
+    def param(name: str) -> torch.Tensor:
+        return params[name].detach()
+
+    # Where each checkpoint tensor must land (vLLM stacks q/k/v and gate/up).
+    checked, mismatched, covered = [], [], set()
+    for name, tensor in weights.items():
+        tensor = tensor.to(dtype)
+        target_name = "model." + name
+        for part, (fused, index) in {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1),
+                                     ".v_proj.": (".qkv_proj.", 2), ".gate_proj.": (
+                                         ".gate_up_proj.", 0), ".up_proj.": (
+                                         ".gate_up_proj.", 1)}.items():
+            if part in target_name:
+                fused_name = target_name.replace(part, fused)
+                sizes = _split_sizes(fused, weights, name, part)
+                start = sum(sizes[:index])
+                got = param(fused_name)[start:start + sizes[index]]
+                covered.add(fused_name)
+                break
+        else:
+            got = param(target_name)
+            covered.add(target_name)
+        checked.append(name)
+        if got.shape != tensor.shape or not torch.equal(got, tensor):
+            mismatched.append(name)
+    conv = model.model.layers[0].attention_conv
+    return {"class": f"{model_cls.__module__}.{model_cls.__name__}",
+            "checked": checked, "mismatched": mismatched,
+            "params": sorted(params), "uncovered": sorted(set(params) - covered),
+            "conv_block_size": conv.block_size, "conv_groups": conv.num_groups,
+            "selector_top_k": model.model.candidate_selector.top_k}
+
+
+def _split_sizes(fused: str, weights: dict, name: str, part: str) -> list[int]:
+    """Row counts of the pieces a fused parameter stacks, from the checkpoint."""
+    parts = (".q_proj.", ".k_proj.", ".v_proj.") if fused == ".qkv_proj." else (
+        ".gate_proj.", ".up_proj.")
+    return [weights[name.replace(part, p)].shape[0] for p in parts]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
