@@ -71,6 +71,7 @@ def main() -> int:
                          "kiln_dflash2": spec.kiln_dflash2,
                          "v2_runner": config.use_v2_model_runner}
     results["model"] = load_model(configs["lookup-v15-k7"], drafter)
+    results["speculator"] = drive_speculator(configs["lookup-v15-k7"])
     Path(out_path).write_text(json.dumps(results))
     return 0
 
@@ -136,6 +137,66 @@ def load_model(config, drafter: str) -> dict:
             "params": sorted(params), "uncovered": sorted(set(params) - covered),
             "conv_block_size": conv.block_size, "conv_groups": conv.num_groups,
             "selector_top_k": model.model.candidate_selector.top_k}
+
+
+def drive_speculator(config) -> dict:
+    """KilnDFlash2Speculator built on the CPU from the engine config, its verify block
+    filled from the request history over a few steps (the drafter's forward and the
+    runner's kernels need CUDA; the runner's post-step writes are made here)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from types import SimpleNamespace
+
+    from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    device = torch.device("cpu")
+    # Upstream's RequestState stages writes through pinned memory, which a machine
+    # without CUDA lacks; the speculator reads only these two of its tensors.
+    states = SimpleNamespace(
+        all_token_ids=SimpleNamespace(gpu=torch.zeros(4, 512, dtype=torch.int32)),
+        total_len=SimpleNamespace(gpu=torch.zeros(4, dtype=torch.int32)))
+    spec = KilnDFlash2Speculator(config, device, states)
+    shape = {"num_speculative_steps": spec.num_speculative_steps,
+             "num_query_per_req": spec.num_query_per_req, "verify_len": spec.verify_len,
+             "drafter_buffer": list(spec.draft_tokens.shape),
+             "verify_buffer": list(spec.verify_drafts.shape)}
+    rng = np.random.default_rng(0)
+    period = rng.integers(3, 512, size=40).tolist()
+    copy = (period * 20)[:300]  # slot 1: a greedy request repeating its prompt
+    plain = rng.permutation(np.arange(3, 512))[:120].tolist()  # slot 3: no repeats
+    slots = [1, 3]
+    hist = {1: copy[:100], 3: plain[:100]}
+    temperature = torch.zeros(4)
+    temperature[3] = 0.8
+    drafter = torch.arange(500, 507).repeat(2, 1)
+    out = torch.zeros(2, 15, dtype=torch.int64)
+    buffers = InputBuffers(4, 64, device)
+    steps = []
+    for step, (emitted, count) in enumerate([(1, None), (16, None), (16, 4), (5, 0)]):
+        for s in slots:
+            src = copy if s == 1 else plain
+            if step:
+                hist[s] = src[:len(hist[s]) + emitted]
+            states.all_token_ids.gpu[s, : len(hist[s])] = torch.tensor(hist[s])
+            states.total_len.gpu[s] = len(hist[s])
+        batch = dataclasses.replace(
+            InputBatch.make_dummy(2, 2, buffers), req_ids=["copy", "plain"],
+            idx_mapping=torch.tensor(slots), idx_mapping_np=np.array(slots),
+            is_prefilling_np=np.array([step == 0] * 2), has_prefill=step == 0)
+        num_sampled = torch.full((2,), emitted, dtype=torch.int32)
+        from vllm.fork.dflash2_config import verify_count
+
+        drafts = spec._fill_from_history(batch, num_sampled, temperature,
+                                         verify_count(count, spec.verify_len), drafter, out)
+        steps.append({"drafts": drafts.tolist(),
+                      "copy_next": copy[len(hist[1]):len(hist[1]) + 15],
+                      "plain_last": hist[3][-1],
+                      "trust": spec.trust.trust[slots].tolist()})
+    return {**shape, "steps": steps}
 
 
 def _split_sizes(fused: str, weights: dict, name: str, part: str) -> list[int]:

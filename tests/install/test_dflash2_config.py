@@ -100,6 +100,21 @@ def test_vllms_dflash2_model_class_builds_and_loads_every_checkpoint_tensor(chil
     assert model["conv_groups"] == 128 // 16 and model["selector_top_k"] == 4
 
 
+def test_the_speculator_runs_the_drafter_at_its_width_and_fills_the_verify_block(child):
+    run = child["speculator"]
+    assert (run["num_speculative_steps"], run["num_query_per_req"], run["verify_len"]) == (
+        7, 8, 15)
+    assert run["drafter_buffer"][1] == 7 and run["verify_buffer"][1] == 15
+    for step in run["steps"]:
+        copy, plain = step["drafts"]
+        # The greedy copying request: its next 15 tokens, from the history chain.
+        assert copy == step["copy_next"]
+        # The sampled request without repeats: the drafter's 7, then its last token.
+        assert plain == list(range(500, 507)) + [step["plain_last"]] * 8
+    # Fully accepted steps keep the copy's lookup trusted for the whole block.
+    assert [s["trust"][0] for s in run["steps"]] == [15, 15, 15, 15]
+
+
 # -- start-up: what is accepted --------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.fork import spec_lookup
 from vllm.fork.dflash2_config import settings_of, verify_count
 from vllm.logger import init_logger
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ class KilnDFlash2Speculator(DFlash2Speculator):
         # New and resumed (after preemption) requests prefill: they start afresh.
         fresh = input_batch.idx_mapping_np[:num_reqs][input_batch.is_prefilling_np[:num_reqs]]
         if fresh.size:
-            trust_state.reset(torch.from_numpy(fresh.astype(np.int64)).to(rows.device))
+            trust_state.reset(async_tensor_h2d(fresh.astype(np.int64), device=rows.device))
         trust_state.observe(tokens, rows, lengths, num_sampled[:num_reqs])
         match = spec_lookup.match_history(tokens, rows, lengths, settings.lookup_min,
                                           settings.lookup_max, settings.lookup_window)
