@@ -11,6 +11,7 @@ apart; the speed runs are alone on the GPU and size their pools by profiling.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sys
@@ -378,8 +379,112 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
             **_pool(llm)}
 
 
+def _speculative(spec: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's --speculative-config, with the drafter's folder filled in."""
+    config = spec.get("speculative")
+    if config is None:
+        return {}
+    config = dict(config)
+    if config.get("model") == "DRAFTER":
+        config["model"] = spec["drafter"]
+    return {"speculative_config": config}
+
+
+def _tokens_per_step(llm, run) -> dict[str, float]:
+    """Mean tokens per verify step over ``run()``, from the spec-decode counters."""
+    before = (_counter(llm, "vllm:spec_decode_num_drafts"),
+              _counter(llm, "vllm:spec_decode_num_accepted_tokens"))
+    run()
+    drafts = _counter(llm, "vllm:spec_decode_num_drafts") - before[0]
+    accepted = _counter(llm, "vllm:spec_decode_num_accepted_tokens") - before[1]
+    return {"drafts": drafts, "accepted": accepted,
+            "tokens_per_step": 1 + accepted / drafts if drafts else 0.0}
+
+
+def spec_decode(spec: dict[str, Any]) -> dict[str, Any]:
+    """Greedy output of the copy model with one speculative method (or none): a copy
+    task (long periodic prompts, tokens per step from the spec-decode counters), then
+    64 prompts half periodic, half random tokens (the copy of a random prompt repeats
+    it, so lookups start failing and then catch on)."""
+    from kiln import tinymodel
+
+    model = spec["model"]
+    period = tinymodel.read_spec(Path(model)).copy_period
+    rng = random.Random(5)
+    vocab = _vocab(model)
+    llm = _llm(spec, **_speculative(spec))
+    copy_ids = [tinymodel.copy_prompt(model, n, seed=n) for n in (600, 1000, 1400, 2000)]
+    copy_n = spec.get("copy_tokens", 256)
+    copy_out: list[list[int]] = []
+    metrics = _tokens_per_step(llm, lambda: copy_out.extend(
+        _generate(llm, copy_ids, _greedy(copy_n, ignore_eos=True))))
+    lengths = [period + 1 + rng.randrange(1200) for _ in range(64)]
+    ids = [tinymodel.copy_prompt(model, n, seed=1000 + i) if i % 2 == 0
+           else _random_ids(rng, n, vocab) for i, n in enumerate(lengths)]
+    n = spec.get("max_tokens", 48)
+    tokens = _generate(llm, ids, _greedy(n, ignore_eos=True))
+    return {"copy": metrics, "copy_broken": sum(
+                o != tinymodel.copy_continuation(p, copy_n, period)
+                for p, o in zip(copy_ids, copy_out)),
+            "tokens": tokens, "expected": [tinymodel.copy_continuation(p, n, period)
+                                           for p in ids],
+            "prompt_lengths": lengths, **_pool(llm)}
+
+
+class _Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _block_size_queries(num_query_per_req: int, budget: int) -> dict[int, int]:
+    """Upstream's BLOCK_SIZE rule, min(256, next_pow2(q + 1 + k)), over every query
+    length one request can bring: the shortest query selecting each size."""
+    out: dict[int, int] = {}
+    for q in range(1, budget + 1):
+        size = min(256, 1 << (q + num_query_per_req - 1).bit_length())
+        out.setdefault(size, q)
+    return out
+
+
+def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
+    """DFlash2 with the random drafter under CUDA graphs and upstream's JIT monitor:
+    one request per BLOCK_SIZE variant of the DFlash input kernel, each prefilling
+    exactly the query length that selects it over a 512-token prefix-cache hit; every
+    JIT compile the monitor reports after boot is recorded (or, in mode error,
+    fails the run)."""
+    from kiln import tinymodel
+
+    model = spec["model"]
+    period = tinymodel.read_spec(Path(model)).copy_period
+    captured = _Captured()
+    logging.getLogger("vllm").addHandler(captured)
+    llm = _llm(spec, jit_monitor_mode=spec["jit_monitor_mode"], jit_monitor_verbose=True,
+               **_speculative(spec))
+    booted = len(captured.lines)
+    k = llm.llm_engine.vllm_config.speculative_config.kiln_dflash2["draft_tokens"]
+    budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    queries = _block_size_queries(1 + k, min(budget, 512))
+    base = tinymodel.copy_prompt(model, 512 + max(queries.values()), seed=7)
+    outputs, expected = [], []
+    n = spec.get("max_tokens", 24)
+    for prompt in [base[:512]] + [base[:512 + q] for q in queries.values()]:
+        outputs += _generate(llm, [prompt], _greedy(n, ignore_eos=True))
+        expected.append(tinymodel.copy_continuation(prompt, n, period))
+    after = captured.lines[booted:]
+    return {"draft_tokens": k, "block_size_queries": queries, "tokens": outputs,
+            "expected": expected,
+            "jit_after_boot": [line for line in after if "during inference" in line],
+            "prewarm": [line for line in captured.lines
+                        if "compiled the DFlash input kernel" in line]}
+
+
 SCENARIOS = {f.__name__: f for f in (parity, kvarn_copy, agreement, noise_reference,
-                                      hybrid, serve, profile, speed)}
+                                      hybrid, serve, profile, speed, spec_decode,
+                                      dflash2_jit)}
 
 
 def main() -> int:

@@ -19,6 +19,8 @@ MODELS = {
     "copy64": dict(name="d64", dtype="bfloat16", copy_period=COPY_PERIOD),
     "hybrid128": dict(name="d128", dtype="bfloat16", hybrid=True, init="transformers"),
     "large": dict(name="large"),
+    # A random DFlash2 drafter (kiln.tinymodel.DrafterSpec fields) for a target above.
+    "drafter128": dict(dflash2_drafter=dict(target="copy128", block_size=16)),
 }
 
 
@@ -40,7 +42,47 @@ def _parity(mode: str, **extra) -> dict:
     return dict(SHARED, mode=mode, max_num_batched_tokens=1024, **extra)
 
 
+def _spec(speculative: dict | None, kv: str = "auto", **extra) -> dict:
+    return dict(SHARED, mode="eager", kv_cache_dtype=kv, max_model_len=2560,
+                max_num_batched_tokens=1024, speculative=speculative, **extra)
+
+
+def _dflash2(k: int, **kiln) -> dict:
+    config = {"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": k,
+              "attention_backend": "TRITON_ATTN"}
+    if kiln:
+        config["kiln_dflash2"] = kiln
+    return config
+
+
+NGRAM7 = {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_min": 2,
+          "prompt_lookup_max": 5}
+# Greedy output with each method against none: bf16, and KVarN (which takes the
+# draft-free methods only).
+SPEC_RUNS = {
+    "spec-none-bf16": _spec(None),
+    "spec-ngram-bf16": _spec(NGRAM7),
+    "spec-dflash2-chains-bf16": _spec(_dflash2(7), drafter="drafter128"),
+    "spec-dflash2-lookup-bf16": _spec(_dflash2(15, lookup=True, draft_tokens=7),
+                                      drafter="drafter128"),
+    "spec-none-kvarn": _spec(None, "kvarn_k4v2_g128"),
+    "spec-ngram-kvarn": _spec(NGRAM7, "kvarn_k4v2_g128"),
+}
+# DFlash2 under CUDA graphs at k = 3 (upstream's drafter alone), 7 and 15, watched by
+# upstream's JIT monitor after boot (k = 7 in mode error, the others log each compile).
+JIT_RUNS = {
+    f"dflash2-jit-k{k}": dict(
+        SHARED, mode="graphs", max_model_len=2048, max_num_batched_tokens=1024,
+        max_num_seqs=8, drafter="drafter128", jit_monitor_mode=mode,
+        speculative=_dflash2(k, **kiln))
+    for k, mode, kiln in ((3, "warn", dict(ngram_chains=False)), (7, "error", {}),
+                          (15, "warn", {}))
+}
+
+
 SCENARIOS: dict[str, tuple[str, str, dict]] = {
+    **{name: ("spec_decode", "copy128", spec) for name, spec in SPEC_RUNS.items()},
+    **{name: ("dflash2_jit", "copy128", spec) for name, spec in JIT_RUNS.items()},
     # Exact parity on the copy models; the random ones give agreement statistics.
     **{f"parity-copy{d}-{m}": ("parity", f"copy{d}", _parity(
         m, copy=True, transformers=m == "eager", lengths=[COPY_PERIOD + 1, 600, 1000],
