@@ -81,7 +81,12 @@ class KilnDFlash2Speculator(DFlash2Speculator):
         self._chained_reqs: frozenset[str] = frozenset()
         self._chained_host: torch.Tensor | None = None
         self._chained_event: torch.cuda.Event | None = None
-        if self.settings.ngram_chains and device.type == "cuda":
+        # Ranks would decide apart (each reads its own event), and a drafter forward
+        # skipped on one rank only would hang its collectives: single-rank runs only.
+        parallel = vllm_config.parallel_config
+        single_rank = (parallel.tensor_parallel_size == 1
+                       and parallel.data_parallel_size == 1)
+        if self.settings.ngram_chains and device.type == "cuda" and single_rank:
             self._chained_host = torch.zeros(1, dtype=torch.bool, pin_memory=True)
             self._chained_event = torch.cuda.Event()
         logger.info(
