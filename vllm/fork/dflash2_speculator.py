@@ -15,7 +15,7 @@ verify block of ``num_speculative_tokens`` (V >= k) the runner verifies:
 * the adaptive length (``spec_lookup.TrustState``) grades the lookup by the tokens each
   step emitted;
 * the per-step ``num_speculative_tokens`` the scheduler picks is honoured: 0 skips the
-  drafter's forward, None (dummy runs) means the configured V.
+  drafter's forward on single-rank runs, None (dummy runs) means the configured V.
 
 Lossless by construction: drafts are only proposals, greedy draft sampling makes
 every draft a one-hot proposal, and the target's rejection sampler decides.
@@ -81,12 +81,13 @@ class KilnDFlash2Speculator(DFlash2Speculator):
         self._chained_reqs: frozenset[str] = frozenset()
         self._chained_host: torch.Tensor | None = None
         self._chained_event: torch.cuda.Event | None = None
-        # Ranks would decide apart (each reads its own event), and a drafter forward
-        # skipped on one rank only would hang its collectives: single-rank runs only.
+        # Ranks could decide apart (each reads its own event and, under data
+        # parallelism, its own scheduler's count), and a drafter forward skipped on one
+        # rank only would hang its collectives: single-rank runs only.
         parallel = vllm_config.parallel_config
-        single_rank = (parallel.tensor_parallel_size == 1
-                       and parallel.data_parallel_size == 1)
-        if self.settings.ngram_chains and device.type == "cuda" and single_rank:
+        self._single_rank = (parallel.tensor_parallel_size == 1
+                             and parallel.data_parallel_size == 1)
+        if self.settings.ngram_chains and device.type == "cuda" and self._single_rank:
             self._chained_host = torch.zeros(1, dtype=torch.bool, pin_memory=True)
             self._chained_event = torch.cuda.Event()
         logger.info(
@@ -162,7 +163,8 @@ class KilnDFlash2Speculator(DFlash2Speculator):
         count = verify_count(num_speculative_tokens, self.verify_len)
         num_reqs = input_batch.num_reqs
         history = self.trust is not None and not dummy_run
-        skip = not dummy_run and (count == 0 or self._chained_last_step(input_batch))
+        skip = not dummy_run and self._single_rank and (
+            count == 0 or self._chained_last_step(input_batch))
         self._skip_query = skip
         self._num_target_tokens = input_batch.num_tokens
         try:
