@@ -58,7 +58,6 @@ def test_a_kiln_cache_that_is_a_file_is_one_error_line(tmp_path: Path, monkeypat
     assert cache.read_text() == "not a folder\n"
 
 
-
 @pytest.mark.parametrize("argv", [
     ["apply", "--into", "{tmp}/applied"], ["build", "--out", "{tmp}/dist", "--no-xgrammar"],
     ["export", "--from", "{tmp}/repo"], ["fa2-check"], ["fa2-snapshot"], ["fetch"],
@@ -78,3 +77,23 @@ def test_a_version_the_lock_does_not_pin_is_refused_naming_the_pins(argv, tmp_pa
         f"kiln {argv[0]}: error: upstream version 9.9.9 has no pinned hashes in upstream.lock "
         f"(pinned: {pinned}); pin it with `python -m kiln pin-bump --to 9.9.9`\n")
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] in ([], ["cache"])
+
+
+def test_tiny_model_drafter_flags_are_refused_where_they_do_not_apply(tmp_path: Path, capsys):
+    assert main(["tiny-model", "--block-size", "8"]) == 2
+    assert "--block-size: only apply with --dflash2-drafter" in capsys.readouterr().err
+    assert main(["tiny-model", "--dflash2-drafter"]) == 2
+    assert "needs --target DIR" in capsys.readouterr().err
+    assert main(["tiny-model", "--dflash2-drafter", "--target", str(tmp_path), "--hidden",
+                 "64", "--copy"]) == 2
+    assert "drop --hidden, --copy" in capsys.readouterr().err
+    assert main(["tiny-model", "--dflash2-drafter", "--target", str(tmp_path)]) == 2
+    assert "no config.json there" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(
+        '{"hidden_size": 96, "num_attention_heads": 2, "num_hidden_layers": 2, '
+        '"vocab_size": 512}')
+    assert main(["tiny-model", "--dflash2-drafter", "--target", str(tmp_path),
+                 "--conv-group-size", "64", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--conv-group-size 64: must divide the hidden size 96" in err and "32, 48" in err
+    assert not (tmp_path / "d").exists()
