@@ -14,6 +14,11 @@ from setuptools.command.dist_info import dist_info
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+# setuptools' .egg-info goes under build/: in the checkout's root it is a second `vllm`
+# distribution, without the fork's entry points, that shadows the installed wheel's
+# metadata wherever the root is on sys.path (tests, a `python` started there).
+EGG_BASE = ROOT / "build" / "egg-info"
+EGG_BASE.mkdir(parents=True, exist_ok=True)
 
 from kiln.metadata import write_dist_info  # noqa: E402
 from kiln.lock import UpstreamLock  # noqa: E402
@@ -42,6 +47,7 @@ setup(
     name="vllm",
     version=fork_version(UpstreamLock.load(ROOT / "requirements" / "upstream.lock").default, ROOT),
     cmdclass={"bdist_wheel": KilnWheel, "dist_info": KilnDistInfo},
+    options={"egg_info": {"egg_base": str(EGG_BASE)}},
     # Nothing here is packaged by setuptools itself: kiln writes the wheel.
     packages=[],
     py_modules=[],

@@ -22,6 +22,8 @@ def test_pip_wheel_builds_the_same_wheel_through_setup_py(fork_wheel, tmp_path):
     (built,) = tmp_path.glob("vllm-*.whl")
     assert built.name == fork_wheel.name
     assert built.read_bytes() == fork_wheel.read_bytes()
+    # A vllm.egg-info in the root would shadow the installed wheel's entry points.
+    assert not list(REPO_ROOT.glob("*.egg-info"))
 
 
 def test_python_dash_m_build_builds_the_same_wheel(fork_wheel, tmp_path):
