@@ -6,6 +6,7 @@ The first build slims and compresses 124 MB of extensions and the wheel's Python
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import lzma
@@ -22,11 +23,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import kiln.fetch
 from kiln import fatbin
 from kiln.cli import main
 from kiln.errors import KilnError
 from kiln.gpubundle import CARRIED, SIZE_LIMIT, STANDIN_FA2, build_gpu_bundle
-from kiln.gpulock import GpuBundleLock
+from kiln.gpulock import LOCK_PATH, GpuBundleLock
 from kiln.gpurun import gpu_visible
 from kiln.xgrammar import XgrammarLock, build_xgrammar, find_pythons
 
@@ -237,16 +239,36 @@ def test_an_arch_outside_the_allowed_set_is_a_clean_error(fork_wheel, tmp_path, 
     assert not (tmp_path / "b").exists()
 
 
-def test_a_corrupted_pinned_wheel_is_refused_naming_both_hashes(fork_wheel, xgrammar_cp312,
-                                                                tmp_path, monkeypatch):
+def test_a_damaged_cached_wheel_is_downloaded_again_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     first = GpuBundleLock.load().wheels[0].pin
-    (tmp_path / "cache" / "upstream").mkdir(parents=True)
-    (tmp_path / "cache" / "upstream" / first.name).write_bytes(b"corrupted")
+    cached = tmp_path / "cache" / "upstream" / first.name
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"corrupted")
+    lines: list[str] = []
+    lock = dataclasses.replace(GpuBundleLock.load(), wheels=GpuBundleLock.load().wheels[:1])
+    assert lock.fetch(lines.append) == [cached]
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == first.sha256
+    assert any("to tell a damaged file from a wrong pin" in line for line in lines)
+
+
+def test_a_damaged_cached_wheel_that_cannot_be_checked_is_kept_and_nothing_built(
+        fork_wheel, xgrammar_cp312, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
+    wheel = GpuBundleLock.load().wheels[0]
+    first = wheel.pin
+    cached = tmp_path / "cache" / "upstream" / first.name
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"corrupted")
     with pytest.raises(KilnError) as err:
         build_gpu_bundle(tmp_path / "b", (90,), fork_wheel, xgrammar_cp312, log=lambda _: None)
-    assert str(err.value).startswith(f"{first.name}: sha256 mismatch (expected {first.sha256}, "
-                                     f"got {hashlib.sha256(b'corrupted').hexdigest()})")
+    assert str(err.value).startswith(
+        f"{cached} has sha256 {hashlib.sha256(b'corrupted').hexdigest()}, but {LOCK_PATH} "
+        f"({wheel.project}) pins {first.sha256}, and downloading it again failed")
+    assert "the file was kept" in str(err.value)
+    assert cached.read_bytes() == b"corrupted"
     assert not (tmp_path / "b").exists()
 
 
