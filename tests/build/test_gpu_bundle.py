@@ -256,6 +256,10 @@ def test_a_damaged_cached_wheel_that_cannot_be_checked_is_kept_and_nothing_built
         fork_wheel, xgrammar_cp312, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    # Only that index: no pip.conf extra indexes or find-links that could still serve it.
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
     wheel = GpuBundleLock.load().wheels[0]
     first = wheel.pin
