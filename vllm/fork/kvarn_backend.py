@@ -61,6 +61,11 @@ BACKEND_NAME, BACKEND_PATH = KVARN_BACKEND
 MIN_CAPABILITY = 80
 
 
+# The preset of the last KVARN impl built: Model Runner V2 asks the backend about
+# specs outside any current config, after the layers (and their impls) exist.
+_built_preset: Preset | None = None
+
+
 def _run_preset() -> Preset | None:
     config = get_current_vllm_config_or_none()
     if config is None or not is_kvarn_dtype(config.cache_config.cache_dtype):
@@ -68,8 +73,19 @@ def _run_preset() -> Preset | None:
     return Preset.parse(config.cache_config.cache_dtype)
 
 
-def _spec_preset(spec: AttentionSpec) -> Preset:
-    return Preset.parse(spec.kv_quant_mode.name.lower())
+def _spec_preset(spec: AttentionSpec) -> Preset | None:
+    """The preset of a KVarN layer's spec, None for any other spec. 0.32.0's
+    kvarn-dtypes topic gives each preset a KVQuantMode of its own; from 0.33.0 the
+    registered presets share KVQuantMode.CUSTOM, so the run's preset says which."""
+    mode = spec.kv_quant_mode
+    if mode.name.startswith("KVARN_"):
+        return Preset.parse(mode.name.lower())
+    # By value: 0.33.0's CUSTOM = 12 is an alias, so the member's name is OCTAVE_K3V4.
+    if not getattr(mode, "is_custom_mode", False):
+        return None
+    if get_current_vllm_config_or_none() is None:
+        return _built_preset
+    return _run_preset()
 
 
 class KVarNAttentionBackend(AttentionBackend):
@@ -86,8 +102,9 @@ class KVarNAttentionBackend(AttentionBackend):
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         """[G]: a kernel block is one tile. Without a spec, G of the run's preset."""
-        if kv_cache_spec is not None and kv_cache_spec.kv_quant_mode.is_kvarn:
-            return [_spec_preset(kv_cache_spec).group]
+        preset = _spec_preset(kv_cache_spec) if kv_cache_spec is not None else None
+        if preset is not None:
+            return [preset.group]
         preset = _run_preset()
         if preset is not None:
             return [preset.group]
@@ -102,12 +119,12 @@ class KVarNAttentionBackend(AttentionBackend):
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
         """One state per token of tile_bytes / G bytes (exact for every preset), so a
         block of G tokens and one KV head is one tile record."""
-        if spec.state_content_bytes is not None or not spec.kv_quant_mode.is_kvarn:
+        preset = _spec_preset(spec)
+        if spec.state_content_bytes is not None or preset is None:
             return spec
         if spec.head_size_v != spec.head_size:
             raise ValueError(f"KVarN needs equal K and V head sizes, got "
                              f"{spec.head_size} and {spec.head_size_v}")
-        preset = _spec_preset(spec)
         return replace(spec, state_content_bytes=preset.bytes_per_token(spec.head_size))
 
     @classmethod
@@ -244,7 +261,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                 "drives the side pool; this configuration uses the V1 runner (unset "
                 "VLLM_USE_V2_MODEL_RUNNER=0, or drop the feature V2 lacks that the log "
                 "names)")
-        self.preset = _spec_preset(kv_cache_spec)
+        self.preset = Preset.parse(vllm_config.cache_config.cache_dtype)
         g = self.preset.group
         spec_config = vllm_config.speculative_config
         self.num_spec = (spec_config.num_speculative_tokens or 0) if spec_config else 0
@@ -411,7 +428,8 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if used:
             raise ValueError(f"KVARN backend: {', '.join(used)} not supported; KVarN "
                              "serves plain causal decoder attention")
-        self.preset = Preset.parse(kv_cache_dtype)
+        global _built_preset
+        self.preset = _built_preset = Preset.parse(kv_cache_dtype)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale

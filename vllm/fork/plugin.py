@@ -8,7 +8,10 @@ KVARN_BACKEND = ("KVARN", "vllm.fork.kvarn_backend.KVarNAttentionBackend")
 
 
 def register() -> None:
+    from vllm.fork.kvarn_dtypes import register_kvarn_dtypes
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_kvarn_dtypes()
 
     name, path = KVARN_BACKEND
     if name not in AttentionBackendEnum.__members__:  # plugins may load more than once
