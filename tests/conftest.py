@@ -19,10 +19,18 @@ def fork_wheel() -> Path:
 
 
 @pytest.fixture(scope="session")
-def pristine_files():
+def upstream_version(fork_wheel) -> str:
+    """The upstream pin the wheel under test was built on (0.33.0 from 0.33.0+kiln.N)."""
+    from packaging.version import Version
+
+    return Version(fork_wheel.name.split("-")[1]).base_version
+
+
+@pytest.fixture(scope="session")
+def pristine_files(upstream_version):
     from kiln.fetch import fetch
 
-    return fetch(log=lambda _: None)
+    return fetch(upstream_version, log=lambda _: None)
 
 
 @pytest.fixture(scope="session")

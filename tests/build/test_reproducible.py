@@ -37,17 +37,21 @@ def test_python_dash_m_build_builds_the_same_wheel(fork_wheel, tmp_path):
 
 
 def test_cmake_skips_csrc_without_a_cuda_torch_and_says_why(tmp_path):
-    # A copy of the build files with one CUDA source, configured by this CPU-only venv.
+    # A copy of the build files with one CUDA source, configured by a Python without
+    # torch, as pip's isolated build env is (the test venv's torch may be a CUDA build).
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "probe.cu").write_text("__global__ void probe() {}\n")
     (tmp_path / "CMakeLists.txt").write_bytes((REPO_ROOT / "CMakeLists.txt").read_bytes())
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")],
+                   check=True)
+    python = tmp_path / "env" / "bin" / "python"
     result = subprocess.run(
         ["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), "-G", "Ninja",
-         f"-DPython_EXECUTABLE={sys.executable}"],
+         f"-DPython_EXECUTABLE={python}"],
         capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stderr
     reasons = [line for line in result.stdout.splitlines() if "kiln: skipped csrc/" in line]
     assert len(reasons) == 1
-    assert "no nvcc found" in reasons[0] or "no CUDA build of torch" in reasons[0]
+    assert "no nvcc found" in reasons[0] or f"no CUDA build of torch in {python}" in reasons[0]
     assert not list((tmp_path / "build").rglob("*.so"))

@@ -8,8 +8,9 @@ import json
 import re
 import subprocess
 
+from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
-from kiln.series import Series
+from kiln.series import Series, series_dir
 
 
 def _dist_info(names):
@@ -19,7 +20,9 @@ def _dist_info(names):
 
 def test_the_wheel_name_keeps_upstreams_tags_with_the_fork_version(fork_wheel, pristine_files):
     name = fork_wheel.name
-    assert re.fullmatch(r"vllm-0\.32\.0\+kiln\.\d+[.a-z0-9]*-cp38-abi3-manylinux_2_28_x86_64\.whl", name), name
+    default = re.escape(UpstreamLock.load().default)  # tests/run builds the default pin
+    assert re.fullmatch(rf"vllm-{default}\+kiln\.\d+[.a-z0-9]*-cp38-abi3-manylinux_2_28_x86_64\.whl",
+                        name), name
     assert pristine_files.wheel.name.split("-")[2:] == name.split("-")[2:]
 
 
@@ -41,8 +44,10 @@ def test_every_record_entry_has_the_right_hash_and_size(fork_zip):
         assert int(size) == len(data), path
 
 
-def test_upstream_files_are_byte_identical_unless_a_topic_patches_them(fork_zip, upstream_zip):
-    patched = {p for t in Series.load().topics for p in t.files()} | {"vllm/_version.py"}
+def test_upstream_files_are_byte_identical_unless_a_topic_patches_them(fork_zip, upstream_zip,
+                                                                     upstream_version):
+    topics = Series.load(series_dir(upstream_version)).topics
+    patched = {p for t in topics for p in t.files()} | {"vllm/_version.py"}
     up_dist = _dist_info(upstream_zip.namelist())
     fork_names = set(fork_zip.namelist())
     compiled = 0
@@ -58,25 +63,26 @@ def test_upstream_files_are_byte_identical_unless_a_topic_patches_them(fork_zip,
     assert compiled > 100  # the .so files, the vllm-rs binary, kernels' data files
 
 
-def test_metadata_is_upstreams_with_the_fork_version(fork_zip, upstream_zip, fork_wheel):
+def test_metadata_is_upstreams_with_the_fork_version(fork_zip, upstream_zip, fork_wheel,
+                                                    upstream_version):
     fork_meta = fork_zip.read(f"{_dist_info(fork_zip.namelist())}/METADATA").decode().splitlines()
     up_meta = upstream_zip.read(f"{_dist_info(upstream_zip.namelist())}/METADATA").decode().splitlines()
     version = fork_wheel.name.split("-")[1]
     assert len(fork_meta) == len(up_meta)
     differ = [(a, b) for a, b in zip(up_meta, fork_meta) if a != b]
     # requirements/fork-pins.txt lists no change today: only the version differs.
-    assert differ == [("Version: 0.32.0", f"Version: {version}")]
+    assert differ == [(f"Version: {upstream_version}", f"Version: {version}")]
 
 
-def test_the_version_module_and_manifest_name_the_fork(fork_zip, fork_wheel):
+def test_the_version_module_and_manifest_name_the_fork(fork_zip, fork_wheel, upstream_version):
     version = fork_wheel.name.split("-")[1]
     namespace = {}
     exec(fork_zip.read("vllm/_version.py").decode(), namespace)
     assert namespace["__version__"] == version
-    assert namespace["__version_tuple__"][:3] == (0, 32, 0)
+    assert namespace["__version_tuple__"][:3] == tuple(map(int, upstream_version.split(".")))
     manifest = json.loads(fork_zip.read("vllm/fork/manifest.json"))
-    assert manifest == {"fork_version": version, "upstream_version": "0.32.0",
-                        "topics": [t.name for t in Series.load().topics]}
+    assert manifest == {"fork_version": version, "upstream_version": upstream_version,
+                        "topics": [t.name for t in Series.load(series_dir(upstream_version)).topics]}
 
 
 def test_tracked_overlay_kvarn_and_specattn_files_are_inside_the_package(fork_zip):

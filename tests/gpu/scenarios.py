@@ -460,6 +460,10 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
 
     model = spec["model"]
     period = tinymodel.read_spec(Path(model)).copy_period
+    # vllm.logger configures the "vllm" logger when first imported, dropping handlers
+    # added before: import it first, or the prewarm line at boot is never seen.
+    import vllm.logger  # noqa: F401
+
     captured = _Captured()
     logging.getLogger("vllm").addHandler(captured)
     llm = _llm(spec, jit_monitor_mode=spec["jit_monitor_mode"], jit_monitor_verbose=True,

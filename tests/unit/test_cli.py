@@ -40,7 +40,7 @@ def test_errors_are_one_clean_line_with_status_2(tmp_path: Path, capsys):
 
 
 def test_test_env_refuses_a_missing_xgrammar_wheel_before_making_a_venv(tmp_path: Path, capsys):
-    wheel = tmp_path / "vllm-0.32.0+kiln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    wheel = tmp_path / f"vllm-{UpstreamLock.load().default}+kiln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
     wheel.write_bytes(b"not read: the missing xgrammar wheel is refused first")
     code = main(["test-env", "--wheel", str(wheel), "--xgrammar", str(tmp_path / "xg.whl")])
     assert code == 2

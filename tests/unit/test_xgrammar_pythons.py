@@ -9,6 +9,7 @@ import pytest
 
 from kiln.cli import main
 from kiln.errors import KilnError
+from kiln.lock import UpstreamLock
 from kiln.xgrammar import PYTHONS, find_python, find_pythons, parse_pythons, wheel_for_python
 
 WHEELS = [Path(f"dist/xgrammar-0.2.8+kiln.2-{t}-{t}-manylinux_2_36_x86_64.whl")
@@ -91,7 +92,7 @@ def test_test_env_refuses_xgrammar_wheels_none_of_which_is_for_its_python(tmp_pa
                                                                           capsys):
     """Checked before any venv is made: the venv's Python is this one."""
     version = "%d.%d" % sys.version_info[:2]
-    wheel = tmp_path / "vllm-0.32.0+kiln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    wheel = tmp_path / f"vllm-{UpstreamLock.load().default}+kiln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
     wheel.write_bytes(b"not read")
     others = [tmp_path / w.name for w in WHEELS if f"-cp{version.replace('.', '')}-" not in w.name]
     for path in others:
