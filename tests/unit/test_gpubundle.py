@@ -71,8 +71,8 @@ ON_THE_GPU_MACHINE = ("torch", "triton", "transformers", "tokenizers", "numpy", 
 def test_the_lock_pins_cp312_linux_wheels_of_what_the_gpu_machine_lacks():
     lock = GpuBundleLock.load()
     assert lock.python_version == "3.12"
-    # 28 from the registry; xgrammar is the fork's own build, added by gpu-bundle.
-    assert len(lock.wheels) == 28
+    # 29 from the registry (orjson since 0.33.0); xgrammar is the fork's own build, added by gpu-bundle.
+    assert len(lock.wheels) == 29
     assert "xgrammar" not in {w.project for w in lock.wheels}
     for wheel in lock.wheels:
         name = wheel.pin.name
