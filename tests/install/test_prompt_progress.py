@@ -59,3 +59,23 @@ def test_the_finished_request_is_unaffected(processor):
     (output,) = result.request_outputs
     assert output.finished and output.outputs[0].finish_reason == "length"
     assert "r1" not in processor.request_states
+
+
+def test_the_chat_chunk_serializes_as_the_sse_event(processor):
+    """0.33.0's chat stream yields chunk objects and dumps them itself (exclude_unset,
+    and exclude_none for a chunk without choices): the text must be the event's."""
+    import json
+
+    from vllm.fork.prompt_progress import progress_chunk, progress_event
+
+    (output,) = processor.process_outputs(
+        [EngineCoreOutput(request_id="r1", new_token_ids=[], num_computed_tokens=512)]
+    ).request_outputs
+    args = (output, "chatcmpl-1", "tiny", 1700000000, "chat.completion.chunk")
+    chunk = progress_chunk(*args)
+    dumped = json.loads(chunk.model_dump_json(exclude_unset=True, exclude_none=not chunk.choices))
+    event = progress_event(*args)
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    assert dumped == json.loads(event[len("data: "):])
+    assert dumped["prompt_progress"] == {"total": 1000, "processed": 512}
+    assert dumped["choices"] == [] and dumped["object"] == "chat.completion.chunk"

@@ -65,6 +65,22 @@ def deliver_progress(
         request_outputs.append(progress)
 
 
+def _progress_fields(
+    output: RequestOutput, request_id: str, model: str, created: int, object_type: str
+) -> dict | None:
+    processed = getattr(output, "num_computed_tokens", None)
+    if processed is None:
+        return None
+    return {
+        "id": request_id,
+        "object": object_type,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "prompt_progress": {"total": len(output.prompt_token_ids or ()), "processed": processed},
+    }
+
+
 def progress_event(
     output: RequestOutput, request_id: str, model: str, created: int, object_type: str
 ) -> str | None:
@@ -73,15 +89,16 @@ def progress_event(
     Shaped like the endpoint's own chunks with no choices, plus
     ``prompt_progress: {total, processed}`` in prompt tokens.
     """
-    processed = getattr(output, "num_computed_tokens", None)
-    if processed is None:
-        return None
-    event = {
-        "id": request_id,
-        "object": object_type,
-        "created": created,
-        "model": model,
-        "choices": [],
-        "prompt_progress": {"total": len(output.prompt_token_ids or ()), "processed": processed},
-    }
-    return f"data: {json.dumps(event)}\n\n"
+    fields = _progress_fields(output, request_id, model, created, object_type)
+    return None if fields is None else f"data: {json.dumps(fields)}\n\n"
+
+
+def progress_chunk(
+    output: RequestOutput, request_id: str, model: str, created: int, object_type: str
+):
+    """The same event as a chat stream chunk, for 0.33.0's chat generator, which yields
+    chunk objects that its caller serializes (upstream's models keep extra fields)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
+
+    fields = _progress_fields(output, request_id, model, created, object_type)
+    return None if fields is None else ChatCompletionStreamResponse(**fields)
