@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+try:  # 0.33.0 moved the serve arguments
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.fork.profiles import NGRAM, PROFILE_KEYS, ProfileError, apply_profile
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
