@@ -51,3 +51,18 @@ def test_verify_passes_every_check(pin):
     names = [name for name, _, _ in report.checks]
     assert "materialize then export changes 0 bytes" in names
     assert dict((n, d) for n, _, d in report.checks)["pristine + series equals the branch tree"] == "0 differing files"
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if v != UpstreamLock.load().default])
+def test_every_other_carried_pin_still_builds_its_wheel(version, tmp_path):
+    """tests/run builds and tests the default pin; the others must stay buildable."""
+    import json
+
+    from kiln.wheel import build_wheel
+
+    build = build_wheel(tmp_path, version=version)
+    assert build.path.name.startswith(f"vllm-{version}+kiln.")
+    with zipfile.ZipFile(build.path) as wheel:
+        manifest = json.loads(wheel.read("vllm/fork/manifest.json"))
+    assert manifest["upstream_version"] == version
+    assert manifest["topics"] == [t.name for t in Series.load(series_dir(version)).topics]
