@@ -31,7 +31,10 @@ def test_vllm_serve_help_all_runs():
 
 
 def test_the_server_start_up_line_names_the_fork(caplog, upstream_version):
-    from vllm.entrypoints.serve.utils.api_utils import log_version_and_model
+    try:  # 0.33.0 moved it
+        from vllm.entrypoints.common.startup import log_version_and_model
+    except ImportError:
+        from vllm.entrypoints.serve.utils.api_utils import log_version_and_model
     from vllm.version import __version__
 
     logger = logging.getLogger("kiln.test.startup")
