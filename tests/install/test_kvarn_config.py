@@ -37,11 +37,13 @@ PRESETS = ("kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g
 NUM_KV_HEADS = 2
 
 
-def _tiny_qwen3(path: Path, head_dim: int = 128, dtype: str = "bfloat16") -> str:
+def _tiny_qwen3(path: Path, head_dim: int = 128, dtype: str = "bfloat16",
+                num_heads: int = 4, num_kv_heads: int = NUM_KV_HEADS) -> str:
     from transformers import Qwen3Config
 
     Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=NUM_KV_HEADS, head_dim=head_dim,
+                num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                head_dim=head_dim,
                 max_position_embeddings=1024, torch_dtype=dtype).save_pretrained(path)
     return str(path)
 
