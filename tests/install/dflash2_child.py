@@ -1,6 +1,6 @@
 """Run by test_dflash2_config.py in a process of its own:
 
-    python dflash2_child.py TARGET DRAFTER OUT_JSON
+    python dflash2_child.py TARGET DRAFTER OUT_JSON [ranks]
 
 Builds engine configs with upstream's EngineArgs(...).create_engine_config() for each
 case (the fork's DFlash2 settings and the KVarN method rule) and records the resolved
@@ -10,6 +10,9 @@ CPU and loads the drafter's checkpoint through the class's own load_weights.
 The process starts with CUDA_VISIBLE_DEVICES="" so upstream's Triton check takes the
 lenient path (no device yet) and Model Runner V2, the only runner DFlash2 drafts on,
 is chosen on this CPU machine; no kernel runs here.
+
+With ``ranks`` it only drives the speculator's propose() on one and on two ranks
+(drive_ranks) for test_dflash2_ranks.py.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def cases(target: str, drafter: str) -> dict[str, dict]:
 
 def main() -> int:
     target, drafter, out_path = sys.argv[1:4]
+    if sys.argv[4:] == ["ranks"]:
+        Path(out_path).write_text(json.dumps(drive_ranks(target, drafter)))
+        return 0
     from vllm.engine.arg_utils import EngineArgs
 
     results: dict[str, dict] = {}
@@ -148,17 +154,11 @@ def drive_speculator(config) -> dict:
     import numpy as np
     import torch
 
-    from types import SimpleNamespace
-
     from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
     device = torch.device("cpu")
-    # Upstream's RequestState stages writes through pinned memory, which a machine
-    # without CUDA lacks; the speculator reads only these two of its tensors.
-    states = SimpleNamespace(
-        all_token_ids=SimpleNamespace(gpu=torch.zeros(4, 512, dtype=torch.int32)),
-        total_len=SimpleNamespace(gpu=torch.zeros(4, dtype=torch.int32)))
+    states = cpu_request_states()
     spec = KilnDFlash2Speculator(config, device, states)
     shape = {"num_speculative_steps": spec.num_speculative_steps,
              "num_query_per_req": spec.num_query_per_req, "verify_len": spec.verify_len,
@@ -197,6 +197,97 @@ def drive_speculator(config) -> dict:
                       "plain_last": hist[3][-1],
                       "trust": spec.trust.trust[slots].tolist()})
     return {**shape, "steps": steps}
+
+
+def cpu_request_states():
+    """Upstream's RequestState stages writes through pinned memory, which a machine
+    without CUDA lacks; the speculator reads only these two of its tensors."""
+    from types import SimpleNamespace
+
+    import torch
+
+    return SimpleNamespace(
+        all_token_ids=SimpleNamespace(gpu=torch.zeros(4, 512, dtype=torch.int32)),
+        total_len=SimpleNamespace(gpu=torch.zeros(4, dtype=torch.int32)))
+
+
+# Per step: the scheduler's count (None: a step that passes none) and, per rank, whether
+# its own last step drafted every request from a chain.
+RANK_STEPS = [(3, (False, False)), (0, (False, False)), (15, (True, False)),
+              (7, (True, True)), (0, (False, True)), (None, (True, False))]
+
+
+class _Landed:
+    """Stands in for the CUDA event the speculator reads its chain flag behind (this
+    machine has no CUDA): the copy has always landed."""
+
+    def query(self) -> bool:
+        return True
+
+    def record(self) -> None:
+        pass
+
+
+def drive_ranks(target: str, drafter: str) -> dict:
+    """KilnDFlash2Speculator.propose() over RANK_STEPS, for one rank and for two ranks
+    of --tensor-parallel-size 2 and of --data-parallel-size 2, each rank with its own
+    chain state: the steps on which the fork let the drafter's forward run.
+
+    Upstream's propose (Triton input kernels, the drafter's attention metadata) and
+    its forward need CUDA: here propose reaches the forward as upstream's does on its
+    forward path, and the forward records the step. The fork's code runs as it is."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+    from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+
+    def upstream_propose(self, input_batch, *args, **kwargs):
+        num_reqs = input_batch.num_reqs
+        self._generate_draft(num_reqs, num_reqs * self.num_query_per_req, None, None, None)
+        return self.draft_tokens[:num_reqs]
+
+    def forward(self, *args, **kwargs):
+        self.forwards.append(self.step)
+
+    DFlash2Speculator.propose = upstream_propose
+    DFlash2Speculator._generate_draft = forward
+    spec_config = cases(target, drafter)["lookup-v15-k7"]["speculative_config"]
+    runs = {"single": dict(), "tp2": dict(tensor_parallel_size=2),
+            "dp2": dict(data_parallel_size=2)}
+    results = {}
+    for name, parallel in runs.items():
+        config = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512,
+                            enforce_eager=True, dtype="bfloat16",
+                            speculative_config=spec_config, **parallel).create_engine_config()
+        ranks = []
+        for rank in range(1 if name == "single" else 2):
+            spec = KilnDFlash2Speculator(config, torch.device("cpu"), cpu_request_states())
+            spec.forwards = []
+            spec._chained_event, spec._chained_host = _Landed(), torch.zeros(1, dtype=torch.bool)
+            buffers = InputBuffers(4, 64, torch.device("cpu"))
+            slots = [1, 3]
+            batch = dataclasses.replace(
+                InputBatch.make_dummy(2, 2, buffers), req_ids=["a", "b"],
+                idx_mapping=torch.tensor(slots), idx_mapping_np=np.array(slots),
+                is_prefilling_np=np.array([False, False]), has_prefill=False)
+            for step, (count, chained) in enumerate(RANK_STEPS):
+                spec.step = step
+                spec._chained_reqs = frozenset(batch.req_ids)
+                spec._chained_host[0] = chained[rank]
+                zeros = torch.zeros(4, dtype=torch.int64)
+                spec.propose(batch, {}, {}, torch.zeros(2, spec.hidden_size), None,
+                             torch.ones(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                             zeros, zeros, torch.zeros(4), zeros,
+                             num_speculative_tokens=count)
+            ranks.append({"forwards": spec.forwards, "single_rank": spec._single_rank,
+                          "verify_len": spec.verify_len})
+        results[name] = ranks
+    return results
 
 
 def _split_sizes(fused: str, weights: dict, name: str, part: str) -> list[int]:
