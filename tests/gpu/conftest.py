@@ -97,7 +97,8 @@ def _run(name: str, models: dict[str, str], work: Path) -> dict:
     (work / name).mkdir(parents=True, exist_ok=True)
     spec_path, out_path, log_path = (work / name / f for f in ("spec.json", "out.json", "log"))
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1",
+           "KILN_SCENARIO_LOG": str(log_path)}
     started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tests.gpu.scenarios", func,

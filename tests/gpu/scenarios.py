@@ -431,13 +431,13 @@ def spec_decode(spec: dict[str, Any]) -> dict[str, Any]:
             "prompt_lengths": lengths, **_pool(llm)}
 
 
-class _Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+def _log_lines() -> list[str]:
+    """This scenario's log so far (stdout and stderr, which the session sends to
+    $KILN_SCENARIO_LOG): read back rather than hooked, since vLLM reconfigures its
+    logger while the engine starts and drops handlers added before."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return Path(os.environ["KILN_SCENARIO_LOG"]).read_text(errors="replace").splitlines()
 
 
 def _block_size_queries(num_query_per_req: int, budget: int) -> dict[int, int]:
@@ -460,15 +460,8 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
 
     model = spec["model"]
     period = tinymodel.read_spec(Path(model)).copy_period
-    # vllm.logger configures the "vllm" logger when first imported, dropping handlers
-    # added before: import it first, or the prewarm line at boot is never seen.
-    import vllm.logger  # noqa: F401
-
-    captured = _Captured()
-    logging.getLogger("vllm").addHandler(captured)
     llm = _llm(spec, jit_monitor_mode=spec["jit_monitor_mode"], jit_monitor_verbose=True,
                **_speculative(spec))
-    booted = len(captured.lines)
     k = llm.llm_engine.vllm_config.speculative_config.kiln_dflash2["draft_tokens"]
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     queries = _block_size_queries(1 + k, min(budget, 512))
@@ -478,11 +471,14 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
     for prompt in [base[:512]] + [base[:512 + q] for q in queries.values()]:
         outputs += _generate(llm, [prompt], _greedy(n, ignore_eos=True))
         expected.append(tinymodel.copy_continuation(prompt, n, period))
-    after = captured.lines[booted:]
+    lines = _log_lines()
+    armed = [i for i, line in enumerate(lines) if "Kernel JIT monitor activated" in line]
+    assert armed, "the JIT monitor never reported activation"
     return {"draft_tokens": k, "block_size_queries": queries, "tokens": outputs,
             "expected": expected,
-            "jit_after_boot": [line for line in after if "during inference" in line],
-            "prewarm": [line for line in captured.lines
+            "jit_after_boot": [line for line in lines[armed[0] + 1:]
+                               if "during inference" in line],
+            "prewarm": [line for line in lines[:armed[0]]
                         if "compiled the DFlash input kernel" in line]}
 
 
