@@ -12,8 +12,9 @@ layout, block size 16) and block table go to:
 * ``fork``: ``specattn.verify_attention``, split into 16 segments when the batch is
   small enough for upstream's split path (requests <= 128 / KV heads), as the
   spec-decode-attn topic launches it;
-* ``up032_2d``: vLLM 0.32.0's ``unified_attention``, which runs multi-token batches on
-  its 2D path (needs vLLM importable: the fork wheel carries 0.32.0's file);
+* ``up032_2d``: the installed vLLM's ``unified_attention`` without the split scratch,
+  so on its 2D path, the one vLLM 0.32.0 takes for every multi-token batch (needs vLLM
+  importable; on a 0.33.0 fork wheel this is 0.33.0's 2D kernel);
 * ``up033_3d``: vLLM 0.33.0's ``unified_attention`` with the split scratch, whose 3D
   path takes causal batches of up to 8 query tokens (not int4); loaded from the pristine
   0.33.0 sdist's ``triton_unified_attention.py`` and ``triton_attention_helpers.py``,
@@ -215,7 +216,8 @@ def run_case(kv_cache_dtype: str, geometry: str, batch: int, context: int,
             if module is None or not take:
                 continue
             call = upstream_call(module, kv_cache_dtype, cache, q, outs[name], qsl, q_len,
-                                 seq_lens, context, table, scratch, d)
+                                 seq_lens, context, table,
+                                 scratch if name == "up033_3d" else None, d)
             call()
             r[f"{name}_ms"], _ = bench(call, not args.eager)
             ref = outs[name].float()
@@ -247,9 +249,11 @@ def upstream_call(module, kv_cache_dtype, cache: PagedCache, q, out, qsl, q_len,
         window_size=(-1, -1), block_table=table, softcap=0, q_descale=None,
         k_descale=None if descale is None else descale.expand(batch, cache.num_kv_heads),
         v_descale=None if v_descale is None else v_descale.expand(batch, cache.num_kv_heads),
-        seq_threshold_3D=MIN_GRID // cache.num_kv_heads, num_par_softmax_segments=SEGMENTS,
-        softmax_segm_output=scratch[0], softmax_segm_max=scratch[1],
-        softmax_segm_expsum=scratch[2], kv_quant_mode=mode,
+        seq_threshold_3D=None if scratch is None else MIN_GRID // cache.num_kv_heads,
+        num_par_softmax_segments=None if scratch is None else SEGMENTS,
+        softmax_segm_output=None if scratch is None else scratch[0],
+        softmax_segm_max=None if scratch is None else scratch[1],
+        softmax_segm_expsum=None if scratch is None else scratch[2], kv_quant_mode=mode,
         k_scale_cache=cache.k_scale if pth else None,
         v_scale_cache=cache.v_scale if pth else None)
 
@@ -269,7 +273,7 @@ def table(rows: list[dict]) -> str:
         return f"{x:6.2f}" if x is not None else "     -"
 
     lines = [f"{'kv cache dtype':20} {'geometry':14} {'BxL':>8} {'q':>2} {'fork ms':>8} "
-             f"{'TB/s':>5} {'0.32 2D':>8} {'0.33 3D':>8} {'2D/fork':>7} {'3D/fork':>7}"]
+             f"{'TB/s':>5} {'2D path':>8} {'0.33 3D':>8} {'2D/fork':>7} {'3D/fork':>7}"]
     for r in rows:
         lines.append(
             f"{r['kv_cache_dtype']:20} {r['geometry']:14} "

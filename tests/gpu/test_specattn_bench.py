@@ -1,8 +1,9 @@
 """bench/specattn_verify.py on the GPU, from the bundle's environment (the fork wheel
-installed, so upstream 0.32.0's unified_attention imports; 0.33.0's op files come from
+installed, so the installed vLLM's unified_attention imports; 0.33.0's op files come from
 $KILN_UPSTREAM_OPS/0.33.0 when set, made by the bench's --extract-upstream on the CPU box
 and carried beside the bundle). Writes specattn_verify.json and .log into
 $KILN_GPU_RESULTS. A benchmark: it asserts that every path ran and agreed, never a speed.
+$KILN_SPECATTN_BENCH_ARGS adds arguments (a subset: --dtypes, --geometries, ...).
 
     KILN_UPSTREAM_OPS=$PWD/build/upstream-ops bash build/gpu-bundle/run $OUT/r -k specattn
 """
@@ -23,6 +24,7 @@ def test_specattn_verify_bench(tmp_path):
     ops = os.environ.get("KILN_UPSTREAM_OPS")
     if ops:
         args += ["--upstream-033", str(Path(ops) / "0.33.0")]
+    args += os.environ.get("KILN_SPECATTN_BENCH_ARGS", "").split()
     with open(out / "specattn_verify.log", "w") as log:
         run = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
                              cwd=ROOT)
