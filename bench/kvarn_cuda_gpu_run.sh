@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One H200 run for the CUDA KVarN decode kernel (issue 12, the CUDA route), about 6 minutes:
+# compile csrc/kvarn_decode.cu for sm_90 with ptxas -v (nothing prebuilt is needed: build
+# outputs are git-ignored), the kernel's tests, the decode table with "cuda" beside the
+# Triton kernels, fp16 Triton, SDPA and the roofline, then ncu on one 64 x 16K launch at
+# D=128 and one at D=256. Each step has its own time limit; a failed step does not stop
+# the later ones (the bench and ncu rows say when the library is missing).
+#   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR
+# Writes OUT_DIR/summary.txt, build.log, tests.log, bench_cuda.json, bench_cuda.txt, ncu.txt.
+set -u
+OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+LIB_DIR=$PWD/build/kvarn_cuda
+export KVARN_CUDA_LIB=$LIB_DIR/libkvarn_decode.so
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+T0=$(date +%s)
+
+note() {  # step name, rc, start time
+  echo "$1: rc $2, $(($(date +%s) - $3)) s" >> "$SUMMARY"
+}
+
+# 1. build (sm_90 only here; tests/kernels/test_kvarn_decode_cuda.py compiles all four
+#    archs on the CPU box)
+S=$(date +%s)
+timeout 200 "$PY" -c "
+import sys
+sys.path.insert(0, '.')
+from kvarn.decode_cuda import build_library
+print(build_library('$LIB_DIR', archs=('90',), ptxas_verbose=True))
+" > "$OUT/build.log" 2>&1
+RC=$?
+cat "$LIB_DIR/build.log" >> "$OUT/build.log" 2>/dev/null
+note build $RC "$S"
+# registers and spills per template instance, one line each
+grep -E "Compiling entry|registers|spill" "$OUT/build.log" | paste - - - | sed -E \
+  -e 's/.*(kernelILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)|combine_kernel)[^ ]* for .(sm_[0-9]+).\s+/\1 \6 /' \
+  -e 's/kernelILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)/D=\1 G=\2 VB=\3 NT=\4/' \
+  -e 's/ptxas info\s+: //' >> "$SUMMARY"
+
+# 2. the kernel's tests (the all-arch compile check is the CPU box's)
+S=$(date +%s)
+timeout 140 "$PY" -m pytest -q -p no:cacheprovider --maxfail=5 -rfE \
+  tests/kernels/test_kvarn_decode_cuda.py -k "not compiles_every_arch" > "$OUT/tests.log" 2>&1
+RC=$?
+note tests $RC "$S"
+tail -n 25 "$OUT/tests.log" >> "$SUMMARY"
+
+# 3. the decode table: cuda, prefetch, pipelined, fp16 Triton, SDPA, roofline
+S=$(date +%s)
+timeout 120 "$PY" bench/kvarn_decode.py --no-tune --presets kvarn_k4v2_g128 kvarn_k4v4_g128 \
+  --head-dims 128 256 --gqa 4 --repeats 3 --budget-s 80 --json "$OUT/bench_cuda.json" \
+  > "$OUT/bench_cuda.txt" 2>&1
+RC=$?
+note bench $RC "$S"
+grep -A 40 "^preset " "$OUT/bench_cuda.txt" >> "$SUMMARY"
+
+# 4. ncu on the second of two launches at 64 x 16K, 8 KV heads, GQA 4, k4v2_g128
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+: > "$OUT/ncu.txt"
+for D in 128 256; do
+  S=$(date +%s)
+  timeout 45 "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section MemoryWorkloadAnalysis -k regex:kvarn_decode \
+    --launch-skip 1 --launch-count 1 "$PY" - "$D" >> "$OUT/ncu.txt" 2>&1 <<'EOF'
+import sys
+sys.path[:0] = [".", "bench"]
+import torch
+from kvarn import Preset, decode_cuda
+from kvarn_decode import HEADS, kvarn_state
+D = int(sys.argv[1])
+kv, bt, st, seq, nf, read = kvarn_state(Preset.parse("kvarn_k4v2_g128"), 64, 16384, D, "cuda")
+q = torch.randn(64, 1, HEADS * 4, D, device="cuda", dtype=torch.float16)
+for _ in range(2):
+    decode_cuda.attend_rotated_cuda(q, kv, bt, st, seq, nf)
+torch.cuda.synchronize()
+print(f"D={D}: bytes the kernel must read {read}, roofline at 4.8 TB/s {read / 4.8e9:.4f} ms")
+EOF
+  note "ncu D=$D" $? "$S"
+done
+grep -E "D=[0-9]+: bytes|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Block Limit" \
+  "$OUT/ncu.txt" >> "$SUMMARY"
+echo "total: $(($(date +%s) - T0)) s" >> "$SUMMARY"
+cat "$SUMMARY"
