@@ -267,9 +267,11 @@ kvarn_decode_kernel(const Params p) {
 
   uint8_t* ring = smem;
   float* qf = reinterpret_cast<float*>(smem + p.ring_bytes);           // [MP][D] fp32 q
-  __half* qa = reinterpret_cast<__half*>(qf + C::MP * D);              // [MP][QS] q * kcol
-  __half* q16 = qa + C::MP * C::QS;                                    // [MP][QS] permuted q
-  float* bias = reinterpret_cast<float*>(q16 + C::MP * C::QS);         // [MP] q . kzero
+  // [MP][QS] fp16 MMA operand: the permuted q of the side pool first, then q * kcol per
+  // record (the records loop's first barrier comes after every warp's side-pool work)
+  __half* qa = reinterpret_cast<__half*>(qf + C::MP * D);
+  __half* q16 = qa;
+  float* bias = reinterpret_cast<float*>(qa + C::MP * C::QS);          // [MP] q . kzero
   float* mls = bias + C::MP;                                           // [NTS][MP][2]
 
   // split-K range of quantized logical blocks 1..F (indices 0..F-1 here)
@@ -694,7 +696,7 @@ size_t smem_bytes(int nstage, int* ring_bytes) {
   const size_t merge = static_cast<size_t>(C::NTS) * C::MP * D * 4;
   const size_t r = ((ring > merge ? ring : merge) + 127) / 128 * 128;
   *ring_bytes = static_cast<int>(r);
-  return r + C::MP * D * 4 + 2 * C::MP * C::QS * 2 + C::MP * 4 + C::NTS * C::MP * 2 * 4;
+  return r + C::MP * D * 4 + C::MP * C::QS * 2 + C::MP * 4 + C::NTS * C::MP * 2 * 4;
 }
 
 struct DeviceSmem {
