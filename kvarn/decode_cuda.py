@@ -205,13 +205,14 @@ def attend_rotated_cuda(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Ten
     scale = (sm_scale if sm_scale is not None else d ** -0.5) * LOG2E
     if not math.isfinite(scale):
         raise ValueError(f"sm_scale {sm_scale}: must be finite")
-    stream = torch.cuda.current_stream(dev).cuda_stream
-    rc = lib.kvarn_decode_launch(
-        q.data_ptr(), _Q_DTYPES[q.dtype], kv.cache.data_ptr(), kv.side.data_ptr(),
-        block_table.data_ptr(), block_table.stride(0), side_table.data_ptr(),
-        side_table.stride(0), side_table.shape[1], seq_lens.data_ptr(), num_flushed.data_ptr(),
-        out.data_ptr(), o_ptr, lse_ptr, bsz, nq, hq, h, d, p.group, p.value_bits, splits,
-        scale, dev.index if dev.index is not None else torch.cuda.current_device(), stream)
+    with torch.cuda.device(dev):  # the library's runtime follows the current device
+        rc = lib.kvarn_decode_launch(
+            q.data_ptr(), _Q_DTYPES[q.dtype], kv.cache.data_ptr(), kv.side.data_ptr(),
+            block_table.data_ptr(), block_table.stride(0), side_table.data_ptr(),
+            side_table.stride(0), side_table.shape[1], seq_lens.data_ptr(),
+            num_flushed.data_ptr(), out.data_ptr(), o_ptr, lse_ptr, bsz, nq, hq, h, d, p.group,
+            p.value_bits, splits, scale, torch.cuda.current_device(),
+            torch.cuda.current_stream(dev).cuda_stream)
     if rc != 0:
         msg = lib.kvarn_decode_error_string(rc).decode()
         raise RuntimeError(f"kvarn_decode_launch failed: {msg} (cudaError {rc}; {p.name}, "
