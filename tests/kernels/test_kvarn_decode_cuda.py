@@ -59,8 +59,9 @@ def case(name, head_dim, gqa, query_len, contexts, seed, heads=HEADS, hold_back=
 @pytest.mark.parametrize("gqa", [1, 4, 8])
 def test_decode_matches_reference(cuda_lib, name, head_dim, gqa):
     # shuffled tables, a batch of different lengths around the block edges, split-K off,
-    # on (3) and at the default count
-    st, q, args = case(name, head_dim, gqa, 1, CONTEXTS, seed=head_dim + gqa)
+    # on (3) and at the default count; 32K where it costs the least test time
+    contexts = CONTEXTS if head_dim == 128 or gqa == 4 else CONTEXTS[:-1]
+    st, q, args = case(name, head_dim, gqa, 1, contexts, seed=head_dim + gqa)
     assert int(st.num_flushed.max()) >= 2
     want = ref.paged_attention(q, *args)
     for splits in (1, 3, None):
