@@ -687,6 +687,50 @@ __global__ void kvarn_combine_kernel(const float* __restrict__ o_part,
   }
 }
 
+// One warp checks the PTX primitives' fragment layouts that the kernel relies on, so a
+// failing GPU run says at once whether a layout assumption or the kernel's use of it
+// is wrong. Bit 0: ldmatrix, 1: ldmatrix.trans, 2: movmatrix.trans, 3: mma.m16n8k16.
+__global__ void kvarn_selftest_kernel(int* flags) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) uint16_t mat[4][8][8];
+  const int lane = threadIdx.x, g = lane >> 2, tig = lane & 3;
+  for (int i = lane; i < 256; i += 32) (&mat[0][0][0])[i] = static_cast<uint16_t>(i);
+  __syncwarp();
+  auto elem = [&](int m, int r, int c) { return static_cast<uint32_t>(m * 64 + r * 8 + c); };
+  int bad = 0;
+  uint32_t r[4], t[4];
+  ldsm_x4(smem_addr(&mat[lane >> 3][lane & 7][0]), r);
+  ldsm_x4_t(smem_addr(&mat[lane >> 3][lane & 7][0]), t);
+  for (int m = 0; m < 4; ++m) {
+    // row g, columns 2 tig, 2 tig + 1 (low half first); .trans: column g, rows 2 tig, +1
+    if (r[m] != (elem(m, g, 2 * tig) | elem(m, g, 2 * tig + 1) << 16)) bad |= 1;
+    if (t[m] != (elem(m, 2 * tig, g) | elem(m, 2 * tig + 1, g) << 16)) bad |= 2;
+    if (movm_t(r[m]) != t[m]) bad |= 4;
+  }
+  // A[i][k] = (i + 2k) % 7 - 3, B[k][n] = (3k + n) % 5 - 2: small integers, exact in fp16
+  auto A = [](int i, int k) { return static_cast<float>((i + 2 * k) % 7 - 3); };
+  auto B = [](int k, int n) { return static_cast<float>((3 * k + n) % 5 - 2); };
+  const uint32_t a[4] = {pack_h2(A(g, 2 * tig), A(g, 2 * tig + 1)),
+                         pack_h2(A(g + 8, 2 * tig), A(g + 8, 2 * tig + 1)),
+                         pack_h2(A(g, 2 * tig + 8), A(g, 2 * tig + 9)),
+                         pack_h2(A(g + 8, 2 * tig + 8), A(g + 8, 2 * tig + 9))};
+  const uint32_t b0 = pack_h2(B(2 * tig, g), B(2 * tig + 1, g));
+  const uint32_t b1 = pack_h2(B(2 * tig + 8, g), B(2 * tig + 9, g));
+  const float c[4] = {0.f, 0.f, 0.f, 0.f};
+  float d[4];
+  mma(d, a, b0, b1, c);
+  for (int j = 0; j < 4; ++j) {
+    const int i = g + 8 * (j >> 1), n = 2 * tig + (j & 1);
+    float want = 0.f;
+    for (int k = 0; k < 16; ++k) want += A(i, k) * B(k, n);
+    if (d[j] != want) bad |= 8;
+  }
+  atomicOr(flags, bad);
+#else
+  if (threadIdx.x == 0) *flags = -1;
+#endif
+}
+
 // ------------------------------------------------------------------ host side
 
 template <int D, int G, int VB, int NT>
@@ -777,6 +821,13 @@ extern "C" {
 int kvarn_decode_supported(int head_dim, int group, int value_bits, int rows) {
   return (head_dim == 64 || head_dim == 128 || head_dim == 256) && (group == 64 || group == 128) &&
          (value_bits == 2 || value_bits == 4) && rows >= 1 && rows <= 16;
+}
+
+// Runs kvarn_selftest_kernel on `stream`; *flags (device int, zeroed by the caller) gets
+// the bits of the primitives whose layout differs from the kernel's assumptions.
+int kvarn_decode_selftest(int* flags, void* stream) {
+  kvarn_selftest_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(flags);
+  return cudaGetLastError();
 }
 
 const char* kvarn_decode_error_string(int code) {

@@ -88,6 +88,8 @@ def load_library(path=None) -> ctypes.CDLL:
                                         i, i, i, i, i, i, i, i, f, i, p]
     lib.kvarn_decode_supported.restype = i
     lib.kvarn_decode_supported.argtypes = [i, i, i, i]
+    lib.kvarn_decode_selftest.restype = i
+    lib.kvarn_decode_selftest.argtypes = [p, p]
     lib.kvarn_decode_error_string.restype = ctypes.c_char_p
     lib.kvarn_decode_error_string.argtypes = [i]
     _lib, _lib_error = lib, None
@@ -115,6 +117,27 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return unavailable_reason() is None
+
+
+SELFTEST_BITS = ("ldmatrix", "ldmatrix.trans", "movmatrix.trans", "mma.m16n8k16")
+
+
+def selftest(device=None) -> list[str]:
+    """The PTX primitives whose fragment layout on this GPU differs from what the kernel
+    assumes (empty when all agree). Syncs: a diagnostic, not for the decode path."""
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda", torch.cuda.current_device())
+    lib = _get_lib()
+    flags = torch.zeros(1, dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        rc = lib.kvarn_decode_selftest(flags.data_ptr(), torch.cuda.current_stream(dev).cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"kvarn_decode_selftest failed: "
+                               f"{lib.kvarn_decode_error_string(rc).decode()}")
+        bits = int(flags.item())
+    if bits < 0:
+        return ["the library has no sm_80+ code for this GPU"]
+    return [name for i, name in enumerate(SELFTEST_BITS) if bits >> i & 1]
 
 
 def supports(preset, head_dim: int, q_rows: int) -> bool:

@@ -54,6 +54,11 @@ def case(name, head_dim, gqa, query_len, contexts, seed, heads=HEADS, hold_back=
     return st, q, (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
 
 
+def test_fragment_layouts_are_what_the_kernel_assumes(cuda_lib):
+    # first, so that a failing run says whether the PTX layouts or the kernel are off
+    assert decode_cuda.selftest() == []
+
+
 @pytest.mark.parametrize("name", Preset.names())
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("gqa", [1, 4, 8])
