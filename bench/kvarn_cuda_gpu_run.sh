@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One H200 run for the CUDA KVarN decode kernel (issue 12, the CUDA route), about 6 minutes:
-# compile csrc/kvarn_decode.cu for sm_90 with ptxas -v (nothing prebuilt is needed: build
-# outputs are git-ignored), the kernel's tests, the decode table with "cuda" beside the
-# Triton kernels, fp16 Triton, SDPA and the roofline, then ncu on one 64 x 16K launch at
-# D=128 and one at D=256. Each step has its own time limit; a failed step does not stop
+# One H200 run for the CUDA KVarN decode kernel (issue 12, the CUDA route), about 6 minutes
+# (under 9 at every step's limit): compile csrc/kvarn_decode.cu for sm_90 with ptxas -v
+# (nothing prebuilt is needed: build outputs are git-ignored), the kernel's tests,
+# compute-sanitizer memcheck/racecheck on two small launches, the decode table with
+# "cuda" beside the Triton kernels, fp16 Triton, SDPA and the roofline, then ncu on one
+# 64 x 16K launch at D=128 and one at D=256. Each step has its own time limit; a failed step does not stop
 # the later ones (the bench and ncu rows say when the library is missing).
 #   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR
-# Writes OUT_DIR/summary.txt, build.log, tests.log, bench_cuda.json, bench_cuda.txt, ncu.txt.
+# Writes OUT_DIR/summary.txt, build.log, tests.log, sanitizer.txt, bench_cuda.json,
+# bench_cuda.txt, ncu.txt.
 set -u
 OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -37,22 +39,48 @@ cat "$LIB_DIR/build.log" >> "$OUT/build.log" 2>/dev/null
 note build $RC "$S"
 # registers and spills per template instance, one line each
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" | paste - - - | sed -E \
-  -e 's/.*(kernelILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)|combine_kernel)[^ ]* for .(sm_[0-9]+).\s+/\1 \6 /' \
+  -e 's/.*(kernelILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)|combine_kernel|selftest_kernel)[^ ]* for .(sm_[0-9]+).\s+/\1 \6 /' \
   -e 's/kernelILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)/D=\1 G=\2 VB=\3 NT=\4/' \
   -e 's/ptxas info\s+: //' >> "$SUMMARY"
 
 # 2. the kernel's tests (the all-arch compile check is the CPU box's)
 S=$(date +%s)
-timeout 170 "$PY" -m pytest -q -p no:cacheprovider --maxfail=5 -rfE \
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider --maxfail=5 -rfE \
   tests/kernels/test_kvarn_decode_cuda.py -k "not compiles_every_arch" > "$OUT/tests.log" 2>&1
 RC=$?
 note tests $RC "$S"
 tail -n 25 "$OUT/tests.log" >> "$SUMMARY"
 
+# 2b. compute-sanitizer memcheck and racecheck on two small launches (D=128 with splits,
+#     D=256 with 16 verify rows: the split-channel warps): out-of-bounds accesses and
+#     shared-memory races show up here even where the numbers happen to look right
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+: > "$OUT/sanitizer.txt"
+for TOOL in memcheck racecheck; do
+  S=$(date +%s)
+  timeout 50 "$SAN" --tool "$TOOL" --error-exitcode 3 "$PY" - >> "$OUT/sanitizer.txt" 2>&1 <<'EOF'
+import sys
+sys.path[:0] = [".", "tests/kernels"]
+import torch
+from kvarn import Preset, decode_cuda
+from kvarn_cases import make_state
+for name, d, gqa, nq, splits in (("kvarn_k4v2_g128", 128, 4, 1, 2), ("kvarn_k4v4_g64", 256, 8, 2, 1)):
+    st = make_state(Preset.parse(name), d, 2, [300, 129], nq, seed=1, device="cuda")
+    q = torch.randn(2, nq, 2 * gqa, d, device="cuda")
+    decode_cuda.attend_rotated_cuda(q, st.kv, st.block_table, st.side_table, st.seq_lens,
+                                    st.num_flushed, num_splits=splits)
+torch.cuda.synchronize()
+print("sanitized launches done")
+EOF
+  note "sanitizer $TOOL" $? "$S"
+done
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard" "$OUT/sanitizer.txt" | sort | uniq -c \
+  | head -20 >> "$SUMMARY"
+
 # 3. the decode table: cuda, prefetch, pipelined, fp16 Triton, SDPA, roofline
 S=$(date +%s)
-timeout 110 "$PY" bench/kvarn_decode.py --no-tune --presets kvarn_k4v2_g128 kvarn_k4v4_g128 \
-  --head-dims 128 256 --gqa 4 --shapes 64x16384 1x32768 1x4096 --repeats 3 --budget-s 75 \
+timeout 100 "$PY" bench/kvarn_decode.py --no-tune --presets kvarn_k4v2_g128 kvarn_k4v4_g128 \
+  --head-dims 128 256 --gqa 4 --shapes 64x16384 1x32768 1x4096 --repeats 3 --budget-s 65 \
   --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
 RC=$?
 note bench $RC "$S"
