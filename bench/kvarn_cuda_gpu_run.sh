@@ -4,8 +4,9 @@
 # (nothing prebuilt is needed: build outputs are git-ignored), the kernel's tests,
 # compute-sanitizer memcheck/racecheck on two small launches, the decode table with
 # "cuda" beside the Triton kernels, fp16 Triton, SDPA and the roofline, then ncu on one
-# 64 x 16K launch at D=128 and one at D=256. Each step has its own time limit; a failed step does not stop
-# the later ones (the bench and ncu rows say when the library is missing).
+# 64 x 16K launch at D=128 and one at D=256. Each step has its own time limit; a failed
+# step does not stop the later ones (the bench and ncu rows say when the library is
+# missing).
 #   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR
 # Writes OUT_DIR/summary.txt, build.log, tests.log, sanitizer.txt, bench_cuda.json,
 # bench_cuda.txt, ncu.txt.
