@@ -606,7 +606,8 @@ kvarn_decode_kernel(const Params p) {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int u = 0; u < 4; ++u)
-            acc[mv][nt][u] = fmaf(acc[mv][nt][u], alpha[nt][u & 1], pv[nt][u] * cf[u < 2 ? e0 : e1]);
+            acc[mv][nt][u] =
+                fmaf(acc[mv][nt][u], alpha[nt][u & 1], pv[nt][u] * cf[u < 2 ? e0 : e1]);
       }
     }
   }
