@@ -60,8 +60,8 @@ def test_fragment_layouts_are_what_the_kernel_assumes(cuda_lib):
 
 
 @pytest.mark.parametrize("name", Preset.names())
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("gqa", [1, 4, 8], ids=lambda g: f"gqa{g}")
 def test_decode_matches_reference(cuda_lib, name, head_dim, gqa):
     # shuffled tables, a batch of different lengths around the block edges, split-K off,
     # on (3) and at the default count; 32K where it costs the least test time
@@ -74,7 +74,7 @@ def test_decode_matches_reference(cuda_lib, name, head_dim, gqa):
 
 
 @pytest.mark.parametrize("name", ["kvarn_k4v2_g128", "kvarn_k4v4_g64"])
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [128, 256], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("query_len,gqa", [(2, 1), (2, 4), (2, 8), (4, 1), (4, 4), (1, 16)])
 def test_verify_rows_match_reference(cuda_lib, name, head_dim, query_len, gqa):
     # Q * GQA up to 16 rows: one n8 tile of rows, or two (and split output channels at 256)
