@@ -148,11 +148,20 @@ def supports(preset, head_dim: int, q_rows: int) -> bool:
             and head_dim in HEAD_DIMS and 1 <= q_rows <= MAX_ROWS)
 
 
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
 def default_splits(batch: int, num_kv_heads: int, max_blocks: int,
-                   programs_per_sm: int = 2) -> int:
+                   programs_per_sm: int = 2, device: int | None = None) -> int:
     """kvarn.decode.default_splits (same formula, no triton import): about
     programs_per_sm CTAs per SM from shapes alone, at least 4 blocks per split."""
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = _sm_count(torch.cuda.current_device() if device is None else device)
     want = -(-programs_per_sm * sms // (batch * num_kv_heads))
     return max(1, min(want, max_blocks // 4, 64))
 
@@ -210,8 +219,7 @@ def attend_rotated_cuda(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Ten
     _check_vector("seq_lens", seq_lens, bsz, dev)
     _check_vector("num_flushed", num_flushed, bsz, dev)
     if num_splits is None:
-        with torch.cuda.device(dev):
-            splits = default_splits(bsz, h, block_table.shape[1])
+        splits = default_splits(bsz, h, block_table.shape[1], device=dev.index)
     else:
         splits = int(num_splits)
         if splits < 1:
@@ -228,14 +236,16 @@ def attend_rotated_cuda(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Ten
     scale = (sm_scale if sm_scale is not None else d ** -0.5) * LOG2E
     if not math.isfinite(scale):
         raise ValueError(f"sm_scale {sm_scale}: must be finite")
-    with torch.cuda.device(dev):  # the library's runtime follows the current device
-        rc = lib.kvarn_decode_launch(
-            q.data_ptr(), _Q_DTYPES[q.dtype], kv.cache.data_ptr(), kv.side.data_ptr(),
+    args = (q.data_ptr(), _Q_DTYPES[q.dtype], kv.cache.data_ptr(), kv.side.data_ptr(),
             block_table.data_ptr(), block_table.stride(0), side_table.data_ptr(),
             side_table.stride(0), side_table.shape[1], seq_lens.data_ptr(),
             num_flushed.data_ptr(), out.data_ptr(), o_ptr, lse_ptr, bsz, nq, hq, h, d, p.group,
-            p.value_bits, splits, scale, torch.cuda.current_device(),
-            torch.cuda.current_stream(dev).cuda_stream)
+            p.value_bits, splits, scale, dev.index, torch.cuda.current_stream(dev).cuda_stream)
+    if dev.index == torch.cuda.current_device():
+        rc = lib.kvarn_decode_launch(*args)
+    else:  # the library's runtime follows the thread's current device: make it q's
+        with torch.cuda.device(dev):
+            rc = lib.kvarn_decode_launch(*args)
     if rc != 0:
         msg = lib.kvarn_decode_error_string(rc).decode()
         raise RuntimeError(f"kvarn_decode_launch failed: {msg} (cudaError {rc}; {p.name}, "
