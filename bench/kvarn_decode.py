@@ -11,7 +11,9 @@
    is the one with the lowest geometric mean of time / best time over the sweep shapes.
 2. Table: batch x context in {1x4K, 1x32K, 8x32K, 64x16K, 256x8K}, 8 KV heads, GQA 4
    (and 8 for the default preset), every preset, head_dim 128 and 256 (512 on request):
-   each variant's time with its best (or default) configuration, side by side with a
+   each variant's time with its best (or default) configuration, the CUDA C++ kernel
+   (``kvarn.decode_cuda``, "cuda": the library from $KVARN_CUDA_LIB or next to the
+   package; its rows say why when it cannot run, e.g. on a CPU), side by side with a
    Triton fp16 paged decode (bench/_fp16_paged_decode.py), torch SDPA (enable_gqa) over
    contiguous fp16 K/V, a plain torch paged reference, and the roofline: all bytes the
    kernel must read / 4.8 TB/s. Times are medians of triton's do_bench (L2 cleared before
@@ -46,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _fp16_paged_decode import fp16_paged_decode  # noqa: E402
 from kvarn import HEAD_DIMS, PagedKV, Preset  # noqa: E402
+from kvarn import decode_cuda  # noqa: E402
 from kvarn import reference as ref  # noqa: E402
 from kvarn.decode import (LAUNCH_DEFAULTS, VARIANTS, attend, attend_rotated,  # noqa: E402
                           default_splits, launch_config)
@@ -140,6 +143,8 @@ class Run:
             "torch": torch.__version__, "triton": triton.__version__,
             "roofline_TBps": HBM_BPS / 1e12, "smoke": args.smoke, "variants": list(VARIANTS),
             "launch_defaults": LAUNCH_DEFAULTS, "sweep": [], "best_config": {},
+            "cuda_library": str(decode_cuda.library_path()),
+            "cuda_unavailable": decode_cuda.unavailable_reason(),
             "decode": [], "flush": [], "truncated": False}
 
     def over_budget(self) -> bool:
@@ -164,6 +169,25 @@ def kvarn_ms(variant: str, cfg: dict, state, q, reps: int) -> tuple[float, int]:
     t = bench(lambda: attend_rotated(q, kv, bt, st, seq, nf, num_splits=splits,
                                      variant=variant, **cfg), reps)
     return t, splits
+
+
+def cuda_ms(state, q, reps: int, triton_out) -> dict:
+    """The CUDA kernel at its default split count, timed like the Triton variants, and
+    its largest difference from the Triton output on the same cache (a sanity check)."""
+    kv, bt, st, seq, nf, _ = state
+    why = decode_cuda.unavailable_reason()
+    rows = q.shape[1] * q.shape[2] // HEADS
+    if why is None and not decode_cuda.supports(kv.preset, kv.head_dim, rows):
+        why = f"no CUDA instance for {kv.preset.name}, D={kv.head_dim}, {rows} rows"
+    if why is not None:
+        return {"ms": None, "skipped": why}
+    splits = decode_cuda.default_splits(q.shape[0], HEADS, bt.shape[1])
+    fn = lambda: decode_cuda.attend_rotated_cuda(q, kv, bt, st, seq, nf, num_splits=splits)
+    try:  # a failing launch is recorded in the row; the Triton columns still come out
+        diff = (fn() - triton_out()).abs().max().item()
+        return {"ms": bench(fn, reps), "splits": splits, "vs_triton_maxabs": diff}
+    except RuntimeError as exc:
+        return {"ms": None, "skipped": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
 def sweep(run: Run, D: int, shapes=SWEEP_SHAPES, grid=SWEEP_GRID,
@@ -288,6 +312,8 @@ def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict
     r["kvarn_pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (t * 1e-3)
     kv, bt, st, seq, nf, _ = state
     splits = r["variants"][fastest]["splits"]
+    r["cuda"] = cuda_ms(state, q, reps, lambda: attend_rotated(
+        q, kv, bt, st, seq, nf, num_splits=splits, variant=fastest, **cfg))
     r["kvarn_with_rotations_ms"] = bench(
         lambda: attend(q, kv, bt, st, seq, nf, num_splits=splits, variant=fastest, **cfg), reps)
     del state, kv
@@ -295,9 +321,10 @@ def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict
     r["roofline_kvarn_ms"] = r["kvarn_bytes"] / HBM_BPS * 1e3
     r["kvarn_over_fp16_triton"] = t / r["fp16_triton_ms"]
     r["kvarn_over_sdpa"] = t / r["sdpa_ms"]
-    for v in r["variants"].values():
+    for v in [*r["variants"].values()] + ([r["cuda"]] if r["cuda"]["ms"] else []):
         v["over_fp16_triton"] = v["ms"] / r["fp16_triton_ms"]
         v["pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (v["ms"] * 1e-3)
+        v["TBps"] = r["kvarn_bytes"] / v["ms"] / 1e9
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return r
@@ -368,16 +395,21 @@ def print_table(results: dict) -> None:
         print(f"suggested for kvarn.decode at D={D}: variant {sug['variant']!r}, "
               f"LAUNCH_DEFAULTS_BY_HEAD_DIM[({sug['variant']!r}, {D})] = {sug['launch']}")
     print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
-          f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'old dflt':>9} {'+rot ms':>8} "
+          f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'cuda':>9} {'%roof':>5} "
+          f"{'cu/fp16':>7} {'old dflt':>9} {'+rot ms':>8} "
           f"{'fp16trt':>8} {'sdpa':>7} {'torch':>7} {'roof ms':>7} {'kv/fp16':>7} best")
     for r in results["decode"]:
         plain = f"{r['torch_plain_ms']:.3f}" if r["torch_plain_ms"] else "-"
         var = r["variants"]
         old = r.get("prefetch_default_ms")
+        cu = r.get("cuda", {})
+        cu_cols = (f"{cu['ms']:9.4f} {cu['pct_roofline']:5.1f} {cu['over_fp16_triton']:7.3f}"
+                   if cu.get("ms") else f"{'-':>9} {'-':>5} {'-':>7}")
         print(f"{r['preset']:16} {r['head_dim']:>3} {r['batch']:>3}x{r['context'] / 1024:>4.1f}K "
               f"{r['gqa']:>3} {r['kvarn_ms']:9.4f} {r['kvarn_TBps']:5.2f} "
               f"{r['kvarn_pct_roofline']:5.1f} {var['prefetch']['ms']:9.4f} "
-              f"{var['pipelined']['ms']:9.4f} {old if old is None else round(old, 4)!s:>9} "
+              f"{var['pipelined']['ms']:9.4f} {cu_cols} "
+              f"{old if old is None else round(old, 4)!s:>9} "
               f"{r['kvarn_with_rotations_ms']:8.4f} {r['fp16_triton_ms']:8.4f} "
               f"{r['sdpa_ms']:7.4f} {plain:>7} {r['roofline_kvarn_ms']:7.4f} "
               f"{r['kvarn_over_fp16_triton']:7.3f} {r['kvarn_variant']}:"
@@ -386,6 +418,9 @@ def print_table(results: dict) -> None:
         print(f"flush {f['preset']} D={f['head_dim']}: {f['tiles_per_s'] / 1e6:.2f} M tiles/s; "
               f"steady state {f['per_decode_step_ms'] * 1e3:.2f} us per reference step = "
               f"{f['cost_vs_decode_step_pct']:.2f}% of the decode step")
+    skipped = {r["cuda"]["skipped"] for r in results["decode"] if r.get("cuda", {}).get("skipped")}
+    for why in sorted(skipped):
+        print(f"cuda rows skipped: {why}")
     print("targets:", json.dumps(results.get("targets", {})))
     if results["truncated"]:
         print("truncated: the --budget-s ran out before every row was measured")
@@ -413,6 +448,18 @@ def targets(results: dict, reference, single) -> dict:
                                                        for r in at_single)
             t["time_ratio_1x32K_target_met"] = all(r["kvarn_over_fp16_triton"] <= 0.6
                                                    for r in at_single)
+        cu = [r for r in mine if r.get("cuda", {}).get("ms")]
+        cu_big = [r for r in cu if r["tokens"] >= (1 << 20)]
+        if cu_big:
+            t["cuda_min_pct_roofline_at_1M_tokens"] = min(r["cuda"]["pct_roofline"]
+                                                          for r in cu_big)
+            t["cuda_bandwidth_target_met"] = all(r["cuda"]["pct_roofline"] >= 60 for r in cu_big)
+        for shape, key, bound in ((reference, "64x16K", 0.45), (single, "1x32K", 0.6)):
+            at = [r for r in cu if (r["batch"], r["context"]) == shape]
+            if at:
+                worst = max(r["cuda"]["over_fp16_triton"] for r in at)
+                t[f"cuda_max_time_ratio_vs_fp16_at_{key}"] = worst
+                t[f"cuda_time_ratio_{key}_target_met"] = worst <= bound
         out[f"D{D}"] = t
     return out
 
