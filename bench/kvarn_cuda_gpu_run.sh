@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 run for the CUDA KVarN decode kernel (issue 12, the CUDA route), about 6 minutes
-# (9.5 if every step ran to its limit): compile csrc/kvarn_decode.cu for sm_90 with ptxas -v
+# (9.5 if every step ran to its limit): compile csrc/kvarn/kvarn_decode.cu for sm_90 with ptxas -v
 # (nothing prebuilt is needed: build outputs are git-ignored), the kernel's tests,
 # compute-sanitizer memcheck/racecheck on two small launches, the decode table with
 # "cuda" beside the Triton kernels, fp16 Triton, SDPA and the roofline, then ncu on one

@@ -1,7 +1,7 @@
 """CUDA C++ fused decode / speculative-verify attention over the paged KVarN cache.
 
 ``attend_rotated_cuda`` computes exactly what ``kvarn.decode.attend_rotated`` (the Triton
-kernel) computes, from ``csrc/kvarn_decode.cu``: a shared library with a C ABI, loaded
+kernel) computes, from ``csrc/kvarn/kvarn_decode.cu``: a shared library with a C ABI, loaded
 here with ctypes, so it needs no torch headers and works with any torch build. The
 launch takes raw pointers and shapes on torch's current stream (no host syncs, no
 allocation inside), so it can be captured in a CUDA graph. Shapes the kernel has no
@@ -29,7 +29,7 @@ from .preset import Preset
 LOG2E = 1.4426950408889634
 LIB_NAME = "libkvarn_decode.so"
 ENV_LIB = "KVARN_CUDA_LIB"
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "kvarn_decode.cu"
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "kvarn" / "kvarn_decode.cu"
 ARCHS = ("80", "86", "89", "90")
 HEAD_DIMS = (64, 128, 256)
 MAX_ROWS = 16  # query rows per (request, KV head): Q * (Hq / H)
@@ -46,7 +46,7 @@ def library_path() -> Path:
 
 def build_library(out_dir, archs=ARCHS, source: Path | None = None, nvcc: str | None = None,
                   ptxas_verbose: bool = False, threads: int = 0) -> Path:
-    """Compile csrc/kvarn_decode.cu into out_dir/libkvarn_decode.so for the given SM
+    """Compile csrc/kvarn/kvarn_decode.cu into out_dir/libkvarn_decode.so for the given SM
     archs; with ptxas_verbose, registers and spills per kernel go to out_dir/build.log.
     Exact math (no --use_fast_math). Raises RuntimeError with nvcc's output on failure."""
     nvcc = nvcc or shutil.which("nvcc") or os.path.join(

@@ -1,4 +1,4 @@
-"""The CUDA C++ decode / verify kernel (kvarn.decode_cuda, csrc/kvarn_decode.cu) against
+"""The CUDA C++ decode / verify kernel (kvarn.decode_cuda, csrc/kvarn/kvarn_decode.cu) against
 the torch reference (dequantize-then-attend in fp32 over the same cache) and the Triton
 kernel (kvarn.decode.attend_rotated). GPU tests are skipped, with the reason, without a
 CUDA device or a library (built here into a temporary directory when nvcc is on PATH);
