@@ -26,7 +26,7 @@ for _path in (REPO_ROOT, E2E_DIR):
         sys.path.insert(0, str(_path))
 
 from e2e_config import API_KEY, MAX_MODEL_LEN, PREFILL_CHUNK, SERVED_NAME, STALL_WARN_S  # noqa: E402
-from vllm_server import VllmServer  # noqa: E402
+from vllm_server import VllmServer, running  # noqa: E402
 
 _SERVERS: list[VllmServer] = []
 
@@ -79,11 +79,8 @@ def server(
         served_name=SERVED_NAME,
     )
     _SERVERS.append(srv)
-    try:
-        srv.start(timeout=float(os.environ.get("E2E_SERVER_START_TIMEOUT", "900")))
+    with running(srv):
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

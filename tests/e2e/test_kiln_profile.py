@@ -9,7 +9,6 @@ arguments that satisfy the tool's schema although the weights are random.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e_config import MAX_MODEL_LEN
-from vllm_server import VllmServer
+from vllm_server import VllmServer, running
 
 # Bounded strings and an enum, so a random-weight model still ends the call.
 SCHEMA = {
@@ -51,11 +50,8 @@ def profiled_server(tiny_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
         log_path=tmp_path_factory.mktemp("profile-server") / "vllm-serve.log",
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
-    try:
-        srv.start(timeout=float(os.environ.get("E2E_SERVER_START_TIMEOUT", "900")))
+    with running(srv):
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_startup_log_shows_the_resolved_arguments(profiled_server) -> None:

@@ -17,14 +17,13 @@ them where the grammar allows nothing else (the newline before </function>).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from e2e_config import MAX_MODEL_LEN
-from vllm_server import VllmServer
+from vllm_server import VllmServer, running
 
 # Bounded strings and an enum, so a random-weight model still ends the call.
 SCHEMA = {
@@ -66,11 +65,8 @@ def qwen_server(tiny_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
         log_path=tmp_path_factory.mktemp("qwen-xml-server") / "vllm-serve.log",
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
-    try:
-        srv.start(timeout=float(os.environ.get("E2E_SERVER_START_TIMEOUT", "900")))
+    with running(srv):
         yield srv
-    finally:
-        srv.stop()
 
 
 def whitespace_token_ids(model: Path) -> list[int]:

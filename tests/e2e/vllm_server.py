@@ -8,6 +8,7 @@ start-up or a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # Dropped from the child's environment: they would redirect it to a GPU, to the
@@ -27,6 +28,17 @@ _SCRUBBED_ENV = ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_P
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time."""
+
+
+@contextlib.contextmanager
+def running(server: "VllmServer") -> Iterator["VllmServer"]:
+    """Start the server (E2E_SERVER_START_TIMEOUT seconds, default 900), yield it, and
+    always stop it."""
+    try:
+        server.start(timeout=float(os.environ.get("E2E_SERVER_START_TIMEOUT", "900")))
+        yield server
+    finally:
+        server.stop()
 
 
 def free_port() -> int:
