@@ -11,7 +11,6 @@ apart; the speed runs are alone on the GPU and size their pools by profiling.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import sys

@@ -72,3 +72,17 @@ def make_state(preset: Preset, d: int, heads: int, seq_lens: list[int], query_le
     return State(kv, block_table.to(device), side_table.to(device),
                  torch.tensor(seq_lens, dtype=torch.int32, device=device),
                  torch.tensor(flushed, dtype=torch.int32, device=device))
+
+
+def capture_graph(fn):
+    """fn captured in a CUDA graph after one warm-up call on a side stream (so compiles
+    and lazy allocations stay outside the capture): (graph, the output it writes)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, out

@@ -8,7 +8,7 @@ from kvarn import HEAD_DIMS, Preset
 from kvarn import reference as ref
 from kvarn.decode import VARIANTS, attend, attend_rotated, launch_config
 from kvarn.dequant import dequantize_blocks
-from kvarn_cases import DEVICE, ON_GPU, make_state
+from kvarn_cases import DEVICE, ON_GPU, capture_graph, make_state
 
 if ON_GPU:
     PRESETS = Preset.names()
@@ -191,13 +191,7 @@ def test_verify_is_cuda_graph_capturable(variant, splits):
     args = (st.kv, st.block_table, st.side_table, st.seq_lens, st.num_flushed)
     kw = {"num_splits": splits, "variant": variant}
     eager = attend(q, *args, **kw)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        attend(q, *args, **kw)  # warm-up compiles outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = attend(q, *args, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_graph(lambda: attend(q, *args, **kw))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)

@@ -12,7 +12,7 @@ import torch
 from kvarn import Preset
 from kvarn import decode_cuda
 from kvarn import reference as ref
-from kvarn_cases import make_state
+from kvarn_cases import capture_graph, make_state
 
 NVCC = shutil.which("nvcc")
 ON_CUDA = (torch.cuda.is_available() and torch.version.hip is None
@@ -119,14 +119,7 @@ def test_half_queries_equal_their_fp32_values(cuda_lib, dtype):
 def test_cuda_graph_capture_and_replay(cuda_lib, splits):
     st, q, args = case("kvarn_k4v2_g128", 128, 4, 4, [4096, 1000, 129], seed=9)
     eager = decode_cuda.attend_rotated_cuda(q, *args, num_splits=splits)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        decode_cuda.attend_rotated_cuda(q, *args, num_splits=splits)  # warm-up
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = decode_cuda.attend_rotated_cuda(q, *args, num_splits=splits)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_graph(lambda: decode_cuda.attend_rotated_cuda(q, *args, num_splits=splits))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
