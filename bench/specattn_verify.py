@@ -146,7 +146,9 @@ def make_cache(kv_cache_dtype: str, num_blocks: int, kv_heads: int, d: int, dev:
         k_scale, v_scale = f32[..., per - 1], f32[..., 2 * per - 1]
         scale = torch.rand(num_blocks, PAGE, kv_heads, generator=gen, device=dev) * 0.02 + 0.01
         if mode == Mode.INT4:  # zero point in the 4 low mantissa bits
-            zp = torch.randint(0, 16, scale.shape, generator=gen, device=dev, dtype=torch.int32)
+            # Below the codes' mean 7.5: V rows not centred on 0, so the output (a mean over
+            # the context) is not ~0, where rounding alone reads as a 5-10% relative error.
+            zp = torch.randint(0, 4, scale.shape, generator=gen, device=dev, dtype=torch.int32)
             scale = ((scale.view(torch.int32) & ~0xF) | zp).view(torch.float32)
         k_scale.copy_(scale)
         v_scale.copy_(scale.flip(0))
@@ -170,6 +172,9 @@ def bench(fn, graphs: bool) -> tuple[float, str]:
         fn()
         return (time.perf_counter() - started) * 1e3, "wall"
     if graphs:
+        # do_bench_cudagraph runs fn on a stream of its own that does not wait for this
+        # one: unsynced, fn read inputs still being written (illegal accesses at 8 x 64K).
+        torch.cuda.synchronize()
         try:
             return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"), "graph"
         except Exception as e:  # a capture that fails falls back, and says so

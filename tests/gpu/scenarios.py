@@ -427,7 +427,7 @@ def spec_decode(spec: dict[str, Any]) -> dict[str, Any]:
                 for p, o in zip(copy_ids, copy_out)),
             "tokens": tokens, "expected": [tinymodel.copy_continuation(p, n, period)
                                            for p in ids],
-            "prompt_lengths": lengths, **_pool(llm)}
+            "prompt_lengths": lengths, "verify_attention": _verify_attention(), **_pool(llm)}
 
 
 def _log_lines() -> list[str]:
@@ -437,6 +437,15 @@ def _log_lines() -> list[str]:
     sys.stdout.flush()
     sys.stderr.flush()
     return Path(os.environ["KILN_SCENARIO_LOG"]).read_text(errors="replace").splitlines()
+
+
+def _verify_attention() -> str | None:
+    """Whose kernel served verify batches over a TRITON_ATTN cache, as vllm.fork.spec_attn
+    logged it ("fork" or "upstream"); None when no verify batch reached that backend."""
+    for line in _log_lines():
+        if "Speculative verify attention for --kv-cache-dtype" in line:
+            return "fork" if "the fork's split-KV kernel" in line else "upstream"
+    return None
 
 
 def _block_size_queries(num_query_per_req: int, budget: int) -> dict[int, int]:
@@ -474,7 +483,7 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
     armed = [i for i, line in enumerate(lines) if "Kernel JIT monitor activated" in line]
     assert armed, "the JIT monitor never reported activation"
     return {"draft_tokens": k, "block_size_queries": queries, "tokens": outputs,
-            "expected": expected,
+            "expected": expected, "verify_attention": _verify_attention(),
             "jit_after_boot": [line for line in lines[armed[0] + 1:]
                                if "during inference" in line],
             "prewarm": [line for line in lines[:armed[0]]

@@ -2,9 +2,15 @@
 KVarN), the copy task's tokens per step with n-gram chains and lookup drafting, and
 DFlash2 with the random drafter at k = 3, 7, 15 under CUDA graphs with no JIT compile
 after boot."""
+import os
+
 import pytest
 
 from tests.gpu.specs import JIT_RUNS, SPEC_RUNS
+
+# VLLM_TRITON_SPEC_VERIFY_ATTN=1 or 0 in the run's environment forces whose kernel serves
+# TRITON_ATTN's verify batches; the runs below then check it was that one.
+FORCED = {"1": "fork", "0": "upstream"}.get(os.environ.get("VLLM_TRITON_SPEC_VERIFY_ATTN", ""))
 
 BF16 = [n for n in SPEC_RUNS if n.endswith("-bf16") and n != "spec-none-bf16"]
 KVARN = [n for n in SPEC_RUNS if n.endswith("-kvarn") and n != "spec-none-kvarn"]
@@ -22,6 +28,9 @@ def test_spec_decode_is_lossless_against_no_speculation(scenario, none, runs):
         assert run["tokens"] == base["tokens"], f"{name}: {same} of {len(base['tokens'])}"
         assert run["copy"]["drafts"] > 0, name
         assert run["copy_broken"] == base["copy_broken"], name
+        print(f"{name}: verify attention by {run['verify_attention']}")
+        if FORCED and none.endswith("bf16"):
+            assert run["verify_attention"] == FORCED, name
     # The copy model's greedy answers have wide margins: without speculation they are
     # the copy, so the runs above are right, not merely alike.
     assert base["tokens"] == base["expected"] and base["copy_broken"] == 0
@@ -48,6 +57,8 @@ def test_spec_decode_dflash2_boots_and_is_lossless_under_graphs(scenario, k):
     run = scenario(f"dflash2-jit-k{k}")
     assert run["draft_tokens"] == k
     assert run["tokens"] == run["expected"]
+    if FORCED:
+        assert run["verify_attention"] == FORCED, run["verify_attention"]
 
 
 def _upstream_block_sizes(k: int, budget: int) -> list[int]:

@@ -66,16 +66,23 @@ def fresh(monkeypatch):
     monkeypatch.setenv("VLLM_TRITON_SPEC_VERIFY_ATTN", "1")
     monkeypatch.setattr(spec_attn, "_enabled", {})
     monkeypatch.setattr(spec_scratch, "_POOLS", {})
+    # Prewarm off (every geometry counts as warmed): only its own test watches it.
+    monkeypatch.setattr(spec_attn, "_prewarmed", Everything())
     assert spec_attn.MAX_QUERY_LEN == vllm.specattn.MAX_QUERY_LEN
     calls = []
     real = vllm.specattn.verify_attention
 
     def spy(*args, **kwargs):
-        calls.append(kwargs)
+        calls.append({**kwargs, "num_seqs": args[3].shape[0], "max_query_len": args[5]})
         return real(*args, **kwargs)
 
     monkeypatch.setattr(vllm.specattn, "verify_attention", spy)
     return calls
+
+
+class Everything(set):
+    def __contains__(self, item) -> bool:
+        return True
 
 
 class Layer:
@@ -229,10 +236,60 @@ def test_batches_the_kernel_does_not_take_stay_on_upstreams_path(model_dir, fres
         assert not spec_attn.serves(served.impl, served.layer, verify, q, None)
         monkeypatch.delenv("VLLM_TRITON_SPEC_VERIFY_ATTN")
         monkeypatch.setattr(spec_attn, "_enabled", {})
-        # Unset: only where MEASURED_FASTER lists the device, and it lists none.
-        assert spec_attn.MEASURED_FASTER == {}
+        # Unset: only on a device MEASURED_FASTER lists for the dtype (this CPU: none).
         assert not spec_attn.serves(served.impl, served.layer, verify, q, None)
+        from vllm.platforms import current_platform
+        from vllm.platforms.interface import DeviceCapability
+
+        for cap, on in (((9, 0), True), ((8, 9), False)):
+            monkeypatch.setattr(current_platform, "get_device_capability",
+                                lambda device_id=0, cap=cap: DeviceCapability(*cap))
+            monkeypatch.setattr(spec_attn, "_enabled", {})
+            assert spec_attn.serves(served.impl, served.layer, verify, q, None) is on, cap
+        assert "int8_per_token_head" not in spec_attn.MEASURED_FASTER[(9, 0)]
         assert fresh == []
+    finally:
+        served.close()
+
+
+def test_prewarm_query_lens_cover_every_row_layout():
+    """A verify batch of any length 2..16 launches a row layout (so a compile key) that
+    the prewarm's lengths already launched, at every GQA and head size served."""
+    from vllm.fork import spec_attn
+    from vllm.specattn.verify import row_blocks
+
+    for gqa in (1, 2, 3, 4, 6, 8, 16):
+        for head in (64, 80, 128, 256):
+            warmed = {row_blocks(q, gqa, head) for q in spec_attn.PREWARM_QUERY_LENS}
+            for q in range(2, spec_attn.MAX_QUERY_LEN + 1):
+                assert row_blocks(q, gqa, head) in warmed, (gqa, head, q)
+
+
+def test_first_verify_batch_compiles_every_variant(model_dir, fresh, monkeypatch, caplog):
+    from vllm.fork import spec_attn
+
+    monkeypatch.setattr(spec_attn, "_prewarmed", set())
+    served = Served(_config(model_dir, "auto"), "auto")
+    try:
+        cache = served.cache()
+        builder = served.builder()
+        cam = _batch([20, 30], [5, 2])
+        with caplog.at_level(logging.INFO, logger="vllm.fork.spec_attn"):
+            q, out = _forward(served, builder.build(0, cam), cam)
+        *warm, real = fresh
+        assert sorted((c["max_query_len"], c["num_splits"]) for c in warm) == sorted(
+            (n, s) for n in spec_attn.PREWARM_QUERY_LENS for s in (1, 16))
+        assert all(c["num_seqs"] == 1 for c in warm)
+        assert (real["num_seqs"], real["max_query_len"]) == (2, 5)
+        assert any("compiled the fork's kernel for query lengths" in r.getMessage()
+                   for r in caplog.records)
+        want = ref.verify_attention(q, cache, cam.block_table_tensor, cam.seq_lens,
+                                    cam.query_start_loc, D ** -0.5)
+        assert max(relative_errors(out, want, cam.query_start_loc)) < 1.2e-2
+        # The next batch, of another length, launches itself alone.
+        cam = _batch([40, 17, 33], [9, 3, 16])
+        _forward(served, builder.build(0, cam), cam)
+        assert len(fresh) == len(warm) + 2
     finally:
         served.close()
 

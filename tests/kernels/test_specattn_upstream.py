@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 from specattn import CACHE_DTYPES, PagedCache, verify_attention  # noqa: E402
+from specattn import reference as ref  # noqa: E402
 from specattn_cases import DEVICE, ON_GPU, relative_errors, scratch  # noqa: E402
 
 H_KV, GQA, D, PAGE = 2, 4, 64, 16
@@ -76,9 +77,10 @@ def _filled_cache(kv_cache_dtype: str, contexts: list[int], seed: int):
     return impl, layer, kv_cache, table.to(DEVICE)
 
 
-def compare(kv_cache_dtype: str) -> list[float] | str:
+def compare(kv_cache_dtype: str) -> dict[str, list[float]] | str:
     """Relative errors per request of the kernel against upstream's unified_attention,
-    or why the case cannot run here."""
+    and of each against the torch reference over the same cache (``ours``,
+    ``upstream``), or why the case cannot run here."""
     from vllm.platforms import current_platform
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
@@ -114,7 +116,10 @@ def compare(kv_cache_dtype: str) -> list[float] | str:
                       block_table=table, softcap=0, q_descale=None, k_descale=k_descale,
                       v_descale=v_descale, kv_quant_mode=impl._kv_quant_mode,
                       k_scale_cache=impl._k_scale_cache, v_scale_cache=impl._v_scale_cache)
-    return relative_errors(ours, theirs, qsl)
+    want = ref.verify_attention(q, cache, table, seq_lens, qsl, D ** -0.5)
+    return {"ours_vs_upstream": relative_errors(ours, theirs, qsl),
+            "ours": relative_errors(ours, want, qsl),
+            "upstream": relative_errors(theirs, want, qsl)}
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +140,12 @@ def test_kernel_matches_upstreams_attention_on_upstreams_cache(results, kv_cache
     errs = results[kv_cache_dtype]
     if isinstance(errs, str):
         pytest.skip(errs)
-    # Both read the same codes; they differ by fp16 rounding of P and q' (int4).
-    assert len(errs) == 3 and max(errs) < 2e-3, errs
+    print(kv_cache_dtype, {k: f"{max(v):.2e}" for k, v in errs.items()})
+    # Both read the same codes: a wrong layout, scale or page is off by > 10%.
+    assert len(errs["ours_vs_upstream"]) == 3 and max(errs["ours_vs_upstream"]) < 2e-2, errs
+    # They round differently (on a GPU: fp16 P and q' here, tf32 dots in upstream's
+    # int4), so neither matches the other to rounding; ours is no less exact.
+    assert max(errs["ours"]) <= max(2e-3, 2 * max(errs["upstream"])), errs
 
 
 if __name__ == "__main__":
