@@ -7,11 +7,17 @@
 # 64 x 16K launch at D=128 and one at D=256. Each step has its own time limit; a failed
 # step does not stop the later ones (the bench and ncu rows say when the library is
 # missing).
-#   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR
+#   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR [all | correctness | timing]
+# correctness is steps 1-2b, timing steps 3-4 (after correctness, into the same OUT_DIR),
+# so other GPU work can run beside the first and not beside the second.
 # Writes OUT_DIR/summary.txt, build.log, tests.log, sanitizer.txt, bench_cuda.json,
 # bench_cuda.txt, ncu.txt.
 set -u
-OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR}
+OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR [all | correctness | timing]}
+PHASE=${2:-all}
+case "$PHASE" in all | correctness | timing) ;; *)
+  echo "phase $PHASE: allowed: all, correctness, timing" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
@@ -19,13 +25,14 @@ PY=${PYTHON:-python3}
 LIB_DIR=$PWD/build/kvarn_cuda
 export KVARN_CUDA_LIB=$LIB_DIR/libkvarn_decode.so
 SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
+[ "$PHASE" = timing ] || : > "$SUMMARY"
 T0=$(date +%s)
 
 note() {  # step name, rc, start time
   echo "$1: rc $2, $(($(date +%s) - $3)) s" >> "$SUMMARY"
 }
 
+if [ "$PHASE" != timing ]; then
 # 1. build (sm_90 only here; tests/kernels/test_kvarn_decode_cuda.py compiles all four
 #    archs on the CPU box)
 S=$(date +%s)
@@ -89,6 +96,9 @@ EOF
 done
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard" "$OUT/sanitizer.txt" | sort | uniq -c \
   | head -20 >> "$SUMMARY"
+
+fi
+[ "$PHASE" = correctness ] && { echo "correctness: $(($(date +%s) - T0)) s" >> "$SUMMARY"; exit 0; }
 
 # 3. the decode table: cuda, prefetch, pipelined, fp16 Triton, SDPA, roofline
 S=$(date +%s)

@@ -53,6 +53,16 @@ def _cvt(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _byte(w, j: tl.constexpr, SIGNED: tl.constexpr, DTYPE: tl.constexpr,
+          INTERP: tl.constexpr):
+    """Byte j of each int32 word as DTYPE: an int8 code (SIGNED) or an fp8 e4m3 one."""
+    if SIGNED:
+        return _cvt((w << (24 - 8 * j)) >> 24, DTYPE, INTERP)  # >> sign-extends
+    b = ((w >> (8 * j)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    return _cvt(b, DTYPE, INTERP)
+
+
+@triton.jit
 def _rows(rb, q_len, GQA: tl.constexpr, G_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row m of row block rb -> (query token, head in the group, valid)."""
     m = rb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -106,7 +116,7 @@ def _verify_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, DH_PAD: tl.constexpr,
     PAGE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MODE: tl.constexpr, QK_DTYPE: tl.constexpr, PV_DTYPE: tl.constexpr,
-    Q_SCALED: tl.constexpr, INTERP: tl.constexpr,
+    Q_SCALED: tl.constexpr, INTERP: tl.constexpr, WORDS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1) // ROW_BLOCKS
@@ -149,6 +159,24 @@ def _verify_kernel(
         acc_o = tl.zeros([BLOCK_M, DH_PAD], dtype=tl.float32)
         col = j
         col_ok = j < D // 2
+    elif WORDS:
+        # 8-bit rows read as int32 words: q and the output split by column mod 4 (byte j
+        # of word c is column 4c + j), so the dots need no byte shuffle.
+        col = tl.arange(0, D_PAD // 4)
+        col_ok = col < D // 4
+        q_row = q_ptr + tok_row[:, None] * s_qt + head[:, None] * s_qh + 4 * col[None, :]
+        q_mask = row_ok[:, None] & col_ok[None, :]
+        q0 = tl.load(q_row, mask=q_mask, other=0.0).to(QK_DTYPE)
+        q1 = tl.load(q_row + 1, mask=q_mask, other=0.0).to(QK_DTYPE)
+        q2 = tl.load(q_row + 2, mask=q_mask, other=0.0).to(QK_DTYPE)
+        q3 = tl.load(q_row + 3, mask=q_mask, other=0.0).to(QK_DTYPE)
+        acc0 = tl.zeros([BLOCK_M, D_PAD // 4], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, D_PAD // 4], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D_PAD // 4], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, D_PAD // 4], dtype=tl.float32)
+        k_words = k_ptr.to(tl.pointer_type(tl.int32))
+        v_words = v_ptr.to(tl.pointer_type(tl.int32))
+        signed: tl.constexpr = k_ptr.dtype.element_ty == tl.int8
     else:
         col = tl.arange(0, D_PAD)
         col_ok = col < D
@@ -165,10 +193,16 @@ def _verify_kernel(
         tok_ok = tok < seq_len
         blk = tl.load(bt_row + tok // PAGE, mask=tok_ok, other=0).to(tl.int64)
         slot = tok % PAGE
-        k_off = blk[None, :] * s_kb + slot[None, :] * s_kt + kvh * s_kh + col[:, None]
-        k = tl.load(k_ptr + k_off, mask=col_ok[:, None] & tok_ok[None, :], other=0.0)
-        v_off = blk[:, None] * s_vb + slot[:, None] * s_vt + kvh * s_vh + col[None, :]
-        v = tl.load(v_ptr + v_off, mask=tok_ok[:, None] & col_ok[None, :], other=0.0)
+        if WORDS:  # byte offsets of the rows, in words (the launcher checked % 4)
+            k_off = (blk[None, :] * s_kb + slot[None, :] * s_kt + kvh * s_kh) // 4 + col[:, None]
+            k = tl.load(k_words + k_off, mask=col_ok[:, None] & tok_ok[None, :], other=0)
+            v_off = (blk[:, None] * s_vb + slot[:, None] * s_vt + kvh * s_vh) // 4 + col[None, :]
+            v = tl.load(v_words + v_off, mask=tok_ok[:, None] & col_ok[None, :], other=0)
+        else:
+            k_off = blk[None, :] * s_kb + slot[None, :] * s_kt + kvh * s_kh + col[:, None]
+            k = tl.load(k_ptr + k_off, mask=col_ok[:, None] & tok_ok[None, :], other=0.0)
+            v_off = blk[:, None] * s_vb + slot[:, None] * s_vt + kvh * s_vh + col[None, :]
+            v = tl.load(v_ptr + v_off, mask=tok_ok[:, None] & col_ok[None, :], other=0.0)
 
         if MODE == 3:
             k_raw = tl.load(ks_ptr + blk * s_ksb + slot * s_kst + kvh * s_ksh, mask=tok_ok,
@@ -181,7 +215,14 @@ def _verify_kernel(
         elif MODE == 2:
             k_sc = tl.load(ks_ptr + blk * s_ksb + slot * s_kst + kvh * s_ksh, mask=tok_ok,
                            other=0.0)
-            s = _dot(q, _cvt(k, QK_DTYPE, INTERP), zero_s, INTERP) * (scale * k_sc[None, :])
+            if WORDS:
+                s = _dot(q0, _byte(k, 0, signed, QK_DTYPE, INTERP), zero_s, INTERP)
+                s = _dot(q1, _byte(k, 1, signed, QK_DTYPE, INTERP), s, INTERP)
+                s = _dot(q2, _byte(k, 2, signed, QK_DTYPE, INTERP), s, INTERP)
+                s = _dot(q3, _byte(k, 3, signed, QK_DTYPE, INTERP), s, INTERP)
+                s = s * (scale * k_sc[None, :])
+            else:
+                s = _dot(q, _cvt(k, QK_DTYPE, INTERP), zero_s, INTERP) * (scale * k_sc[None, :])
         else:
             s = _dot(q, _cvt(k, QK_DTYPE, INTERP), zero_s, INTERP) * scale
 
@@ -202,6 +243,14 @@ def _verify_kernel(
             corr = tl.sum(p_v.to(tl.float32) * v_zp[None, :], 1)[:, None]
             acc_e = _dot(p_v, _cvt(v & 0xF, PV_DTYPE, INTERP), acc_e * alpha[:, None], INTERP) - corr
             acc_o = _dot(p_v, _cvt(v >> 4, PV_DTYPE, INTERP), acc_o * alpha[:, None], INTERP) - corr
+        elif WORDS:
+            v_sc = tl.load(vs_ptr + blk * s_vsb + slot * s_vst + kvh * s_vsh, mask=tok_ok,
+                           other=0.0)
+            p_v = (p * v_sc[None, :]).to(PV_DTYPE)
+            acc0 = _dot(p_v, _byte(v, 0, signed, PV_DTYPE, INTERP), acc0 * alpha[:, None], INTERP)
+            acc1 = _dot(p_v, _byte(v, 1, signed, PV_DTYPE, INTERP), acc1 * alpha[:, None], INTERP)
+            acc2 = _dot(p_v, _byte(v, 2, signed, PV_DTYPE, INTERP), acc2 * alpha[:, None], INTERP)
+            acc3 = _dot(p_v, _byte(v, 3, signed, PV_DTYPE, INTERP), acc3 * alpha[:, None], INTERP)
         else:
             if MODE == 2:
                 v_sc = tl.load(vs_ptr + blk * s_vsb + slot * s_vst + kvh * s_vsh, mask=tok_ok,
@@ -221,6 +270,14 @@ def _verify_kernel(
             _unrotate_store(acc_e * inv_l[:, None], acc_o * inv_l[:, None], rot_ptr,
                             out_ptr + tok_row * s_ot + head * s_oh, row_ok, inv_b, D,
                             DH_PAD, D_PAD)
+        elif WORDS:
+            o_row = out_ptr + tok_row[:, None] * s_ot + head[:, None] * s_oh + 4 * col[None, :]
+            o_mask = row_ok[:, None] & col_ok[None, :]
+            o_ty = out_ptr.dtype.element_ty
+            tl.store(o_row, (acc0 * inv_l[:, None]).to(o_ty), mask=o_mask)
+            tl.store(o_row + 1, (acc1 * inv_l[:, None]).to(o_ty), mask=o_mask)
+            tl.store(o_row + 2, (acc2 * inv_l[:, None]).to(o_ty), mask=o_mask)
+            tl.store(o_row + 3, (acc3 * inv_l[:, None]).to(o_ty), mask=o_mask)
         else:
             tl.store(out_ptrs, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
     else:
@@ -229,6 +286,12 @@ def _verify_kernel(
             tl.store(so_ptr + base + 2 * col[None, :], acc_e, mask=row_ok[:, None] & col_ok[None, :])
             tl.store(so_ptr + base + 2 * col[None, :] + 1, acc_o,
                      mask=row_ok[:, None] & col_ok[None, :])
+        elif WORDS:
+            w_mask = row_ok[:, None] & col_ok[None, :]
+            tl.store(so_ptr + base + 4 * col[None, :], acc0, mask=w_mask)
+            tl.store(so_ptr + base + 4 * col[None, :] + 1, acc1, mask=w_mask)
+            tl.store(so_ptr + base + 4 * col[None, :] + 2, acc2, mask=w_mask)
+            tl.store(so_ptr + base + 4 * col[None, :] + 3, acc3, mask=w_mask)
         else:
             tl.store(so_ptr + base + col[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
         stat = tok_row * s_smt + head * s_smh + split
@@ -413,6 +476,11 @@ def verify_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tens
         num_stages = 2  # three stages of int4's extra operands overflow shared memory
     if num_stages is not None:
         launch["num_stages"] = num_stages
+    # Upstream's 8-bit rows (codes + inline scale) start 4- but not 16-byte aligned, so
+    # Triton loads them byte by byte; as int32 words they take a quarter of the loads.
+    words = (mode == Mode.PER_TOKEN_HEAD and d % 4 == 0 and d_pad >= 64
+             and all(x.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in x.stride()[:3])
+                     for x in (cache.key, cache.value)))
     num_seqs = seq_lens.shape[0]
     common = dict(GQA=gqa, G_PAD=g_pad, BLOCK_M=block_m, ROW_BLOCKS=n_rb, D=d, D_PAD=d_pad,
                   DH_PAD=max(d_pad // 2, 16), TILE=tile, NUM_SPLITS=num_splits, MODE=int(mode))
@@ -427,7 +495,7 @@ def verify_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tens
         block_table.stride(0),
         so.stride(0), so.stride(1), so.stride(2), sm.stride(0), sm.stride(1),
         PAGE=cache.block_size, QK_DTYPE=qk_dtype, PV_DTYPE=pv_dtype, Q_SCALED=q_fp8,
-        INTERP=interp, **common, **launch)
+        INTERP=interp, WORDS=words, **common, **launch)
     if num_splits > 1:
         _combine_kernel[(num_seqs, hkv * n_rb)](
             out, so, sm, ss, rot, seq_lens, query_start_loc, inv_b,

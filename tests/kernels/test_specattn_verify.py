@@ -71,6 +71,18 @@ def test_gqa_and_head_sizes(dtype, gqa, head_size):
     assert max(errs) < DEFAULT_BOUND, errs
 
 
+@pytest.mark.parametrize("head_size", [32, 60, 80, 128])
+@pytest.mark.parametrize("dtype", ["int8_pth", "fp8_pth"])
+def test_8bit_rows_as_words_and_bytes(dtype, head_size):
+    """8-bit rows are read as int32 words from head 64 padded up (60: one padded word
+    column; 80: 20 of 32), byte by byte below it (32), split and not."""
+    batch = make_batch(dtype, [20, 47], [8, 5], kv_heads=2, gqa=4, head_size=head_size,
+                       seed=head_size)
+    for splits in (1, 3):
+        errs, _ = run(batch, num_splits=splits)
+        assert max(errs) < DEFAULT_BOUND, (splits, errs)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "int8_pth", "int4_pth"])
 def test_row_blocks_cover_every_token(dtype):
     """16 tokens x GQA 4 = 64 rows in row blocks of 16: four programs per KV head."""
