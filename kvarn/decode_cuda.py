@@ -148,6 +148,9 @@ def supports(preset, head_dim: int, q_rows: int) -> bool:
             and head_dim in HEAD_DIMS and 1 <= q_rows <= MAX_ROWS)
 
 
+# CTAs per SM of the decode kernel at D <= 128 with one row tile (128 registers, a
+# 3-record ring): single-sequence decode fills every SM's 4 slots, not 2
+PROGRAMS_PER_SM = 4
 _SMS: dict[int, int] = {}
 
 
@@ -158,9 +161,10 @@ def _sm_count(index: int) -> int:
 
 
 def default_splits(batch: int, num_kv_heads: int, max_blocks: int,
-                   programs_per_sm: int = 2, device: int | None = None) -> int:
-    """kvarn.decode.default_splits (same formula, no triton import): about
-    programs_per_sm CTAs per SM from shapes alone, at least 4 blocks per split."""
+                   programs_per_sm: int = PROGRAMS_PER_SM, device: int | None = None) -> int:
+    """kvarn.decode.default_splits's formula (no triton import), at the CUDA kernel's own
+    occupancy: about programs_per_sm CTAs per SM from shapes alone, at least 4 blocks
+    per split, at most 64 splits."""
     sms = _sm_count(torch.cuda.current_device() if device is None else device)
     want = -(-programs_per_sm * sms // (batch * num_kv_heads))
     return max(1, min(want, max_blocks // 4, 64))

@@ -119,9 +119,13 @@ __device__ __forceinline__ uint32_t magic_sub(uint32_t x) {
   asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(y) : "r"(x), "r"(0x64006400u));
   return y;
 }
-// bytes 0 and 2 (sel 0) or 1 and 3 (sel 1) of x into the low byte of each half, 0x64 above
-__device__ __forceinline__ uint32_t spread(uint32_t x, int hi) {
-  return __byte_perm(x, 0x64646464u, hi ? 0x4341 : 0x4240);
+// the bits m (inside the low byte of each half) of bytes 0 and 2 (hi 0) or 1 and 3 (hi 1)
+// of x, 0x64 above: one LOP3 (and a shift) per use, so no spread copy of x stays live
+__device__ __forceinline__ uint32_t field_bits(uint32_t x, int hi, uint32_t m) {
+  uint32_t y;  // (x & m) | 0x64006400 as one lop3 (LUT 0xEA = (a & b) | c)
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n"
+      : "=r"(y) : "r"(hi ? x >> 8 : x), "r"(m), "r"(0x64006400u));
+  return y;
 }
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -151,13 +155,17 @@ __device__ __forceinline__ int v_swz(int off) {
 }
 
 // Copy one record (all chunks) into a ring slot: 16-byte cp.async per thread and chunk.
+// NTHREADS is a multiple of 64, so a thread's K code chunks are 8k lines apart and share
+// one swizzle key: one offset plus constant strides (fewer live registers in the loop).
 template <class C>
-__device__ __forceinline__ void issue_record(uint8_t* slot, const uint8_t* src, int tid) {
-  const uint32_t dst = smem_addr(slot);
+__device__ __forceinline__ void issue_record(uint32_t dst, const uint8_t* src, int tid) {
   constexpr int KC = C::KC_BYTES / 16, KS = (C::V_CODES - C::K_COL) / 16;
   constexpr int VC = C::G * C::RB / 16, VS = (C::REC - C::V_COL) / 16;
-#pragma unroll 4
-  for (int c = tid; c < KC; c += C::NTHREADS) cp_async16(dst + k_swz<C>(c * 16), src + c * 16);
+  static_assert(C::NTHREADS % 64 == 0 && KC % C::NTHREADS == 0, "K code chunks per thread");
+  const int kdst = k_swz<C>(tid * 16);
+#pragma unroll
+  for (int j = 0; j < KC / C::NTHREADS; ++j)
+    cp_async16(dst + kdst + j * 16 * C::NTHREADS, src + (tid + j * C::NTHREADS) * 16);
   for (int c = tid; c < KS; c += C::NTHREADS)
     cp_async16(dst + C::K_COL + c * 16, src + C::K_COL + c * 16);
 #pragma unroll 4
@@ -188,13 +196,11 @@ template <class C>
 __device__ __forceinline__ constexpr float v_field_scale(int e) {
   return C::VB == 2 ? static_cast<float>(1 << (2 * (e & 3))) : ((e & 1) ? 16.f : 1.f);
 }
+// field e of the lane's ldmatrix word x (VB = 2: bytes 0/2 carry e 0..3, 1/3 carry 4..7)
 template <class C>
-__device__ __forceinline__ uint32_t v_field(const uint32_t (&x)[2], int e) {
-  if (C::VB == 2) {
-    const uint32_t m = 0xFF00FF00u | (0x00030003u << (2 * (e & 3)));
-    return magic_sub(x[e >> 2] & m);
-  }
-  return magic_sub(x[e >> 1] & ((e & 1) ? 0xFFF0FFF0u : 0xFF0FFF0Fu));
+__device__ __forceinline__ uint32_t v_field(uint32_t x, int e) {
+  if (C::VB == 2) return magic_sub(field_bits(x, e >> 2, 0x00030003u << (2 * (e & 3))));
+  return magic_sub(field_bits(x, e >> 1, (e & 1) ? 0x00F000F0u : 0x000F000Fu));
 }
 
 // ---------------------------------------------------------------- online softmax
@@ -244,11 +250,12 @@ __device__ __forceinline__ float quad_cols_sum(float x) {  // over the 8 lanes s
 
 // ------------------------------------------------------------------ the kernel
 
-// Register budget from the warps an SM is expected to hold: 12 (3 CTAs of 4 warps at
-// D <= 128, where shared memory allows it), 8 at D = 256 (its ring holds 2 CTAs per SM).
+// Register budget from the warps an SM is expected to hold: 16 (<= 128 registers: 4 CTAs
+// of 4 warps) for one row tile at D <= 128; 12 for two row tiles at D <= 128; 8 at D = 256,
+// whose ring of 3+ records holds 2 CTAs per SM (more registers would not buy a third).
 template <int D, int G, int VB, int NT>
 constexpr int min_blocks() {
-  constexpr int want = (D == 256 ? 256 : 384) / Cfg<D, G, VB, NT>::NTHREADS;
+  constexpr int want = (D == 256 ? 256 : NT == 1 ? 512 : 384) / Cfg<D, G, VB, NT>::NTHREADS;
   return want > 0 ? want : 1;
 }
 
@@ -278,14 +285,14 @@ kvarn_decode_kernel(const Params p) {
   const int per = (F + p.splits - 1) / p.splits;
   const int lo = s * per, hi = min(lo + per, F);
   const int n = max(hi - lo, 0);
-  const int* bt_row = p.block_table + b * p.bt_stride + 1;
+  const int* bt_row = p.block_table + b * p.bt_stride + 1 + lo;
   auto record_src = [&](int i) {
-    const long long blk = bt_row[lo + i];
+    const long long blk = bt_row[i];
     return p.cache + (blk * p.H + h) * static_cast<long long>(C::REC);
   };
   // ring prologue first, so the first records stream in during the setup and the side pool
   for (int k = 0; k < p.nstage - 1; ++k) {
-    if (k < n) issue_record<C>(ring + k * C::REC, record_src(k), tid);
+    if (k < n) issue_record<C>(smem_addr(ring + k * C::REC), record_src(k), tid);
     cp_async_commit();
   }
 
@@ -353,7 +360,7 @@ kvarn_decode_kernel(const Params p) {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int u = 0; u < 4; ++u) sc[mt][nt][u] = 0.f;
-#pragma unroll
+#pragma unroll 1  // one k-step of side K words live at a time (their loads would be hoisted)
       for (int kp = 0; kp < D / 32; ++kp) {
         uint4 kw[4];  // tokens tok0 + 0..3, channels 32 kp + 8 tig .. + 8
 #pragma unroll
@@ -402,25 +409,19 @@ kvarn_decode_kernel(const Params p) {
 #pragma unroll
       for (int c = 0; c < C::NCH; ++c) {
         const int cb = dsl * C::DW + c * 8 * C::CPL + C::CPL * g;  // lane's channels
-        // O^T k index 2 tig + {0,1} (+8): tokens 8 tig + 2 kk + {0, 4} (+1)
-        uint32_t w[2][4][C::CPL / 2];
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int tok = 32 * ts + 8 * tig + 2 * kk + 4 * (r & 1) + (r >> 1);
-            const __half* src = vb + tok * D + cb;
-            if constexpr (C::CPL == 8) {
-              const uint4 x = *reinterpret_cast<const uint4*>(src);
-              w[kk][r][0] = x.x; w[kk][r][1] = x.y; w[kk][r][2] = x.z; w[kk][r][3] = x.w;
-            } else {
-              const uint2 x = *reinterpret_cast<const uint2*>(src);
-              w[kk][r][0] = x.x; w[kk][r][1] = x.y;
-            }
-          }
 #pragma unroll
         for (int mvl = 0; mvl < C::CPL / 2; ++mvl) {
           const int mv = c * (C::CPL / 2) + mvl;
+          // O^T k index 2 tig + {0,1} (+8): tokens 8 tig + 2 kk + {0, 4} (+1); the lane's
+          // channel pair 2 mvl of each, loaded per m-tile so few side words are live at once
+          uint32_t w[2][4];
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int tok = 32 * ts + 8 * tig + 2 * kk + 4 * (r & 1) + (r >> 1);
+              w[kk][r] = *reinterpret_cast<const uint32_t*>(vb + tok * D + cb + 2 * mvl);
+            }
           float pv[NT][4];
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
@@ -429,10 +430,10 @@ kvarn_decode_kernel(const Params p) {
 #pragma unroll
           for (int kk = 0; kk < 2; ++kk) {
             // a0: (channel e even, tokens r 0,1), a1: (e odd, same), a2/a3: tokens r 2,3
-            const uint32_t a[4] = {__byte_perm(w[kk][0][mvl], w[kk][1][mvl], 0x5410),
-                                   __byte_perm(w[kk][0][mvl], w[kk][1][mvl], 0x7632),
-                                   __byte_perm(w[kk][2][mvl], w[kk][3][mvl], 0x5410),
-                                   __byte_perm(w[kk][2][mvl], w[kk][3][mvl], 0x7632)};
+            const uint32_t a[4] = {__byte_perm(w[kk][0], w[kk][1], 0x5410),
+                                   __byte_perm(w[kk][0], w[kk][1], 0x7632),
+                                   __byte_perm(w[kk][2], w[kk][3], 0x5410),
+                                   __byte_perm(w[kk][2], w[kk][3], 0x7632)};
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) mma(pv[nt], a, bp[kk][nt][0], bp[kk][nt][1], pv[nt]);
           }
@@ -447,15 +448,19 @@ kvarn_decode_kernel(const Params p) {
   }
 
   // ---------------------------------------------------------------- records
+  int slot = 0;  // it % nstage, kept by increments (no runtime division in the loop)
   for (int it = 0; it < n; ++it) {
     cp_async_wait(p.nstage - 2);  // this thread's copies of record `it` have landed
     __syncthreads();              // everyone's have; and slot (it - 1) is free again
     {
-      const int nxt = it + p.nstage - 1;
-      if (nxt < n) issue_record<C>(ring + (nxt % p.nstage) * C::REC, record_src(nxt), tid);
+      const int nxt = it + p.nstage - 1;  // its slot, (it - 1) % nstage, is the one before
+      if (nxt < n)
+        issue_record<C>(smem_addr(ring + (slot == 0 ? p.nstage - 1 : slot - 1) * C::REC),
+                        record_src(nxt), tid);
       cp_async_commit();
     }
-    const uint8_t* rec = ring + (it % p.nstage) * C::REC;
+    const uint8_t* rec = ring + slot * C::REC;
+    slot = slot + 1 == p.nstage ? 0 : slot + 1;
     // q * kcol (fp16, the MMA operand) and q . kzero, shared by all warps of the record
     {
       constexpr int CPT = D / 32;
@@ -481,6 +486,8 @@ kvarn_decode_kernel(const Params p) {
     __syncthreads();
 
     const uint32_t rec_s = smem_addr(rec);
+    // channel rows 32 kp + lane lie 8k swizzle lines past those of kp = 0: same XOR key
+    const uint32_t k_lane = rec_s + k_swz<C>(lane * (G / 2) + 16 * ts);
     float sc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -493,7 +500,7 @@ kvarn_decode_kernel(const Params p) {
       // K^T: lane supplies channel row 32 kp + lane at this warp's 16-byte token column;
       // matrices 0..3 = channels 32kp + 0-7, 8-15, 16-23, 24-31
       uint32_t r[4];
-      ldsm_x4_t(rec_s + k_swz<C>((32 * kp + lane) * (G / 2) + 16 * ts), r);
+      ldsm_x4_t(k_lane + kp * 16 * G, r);
       uint32_t bq[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -501,13 +508,14 @@ kvarn_decode_kernel(const Params p) {
                 bq[nt]);
 #pragma unroll
       for (int sub = 0; sub < 2; ++sub) {
-        const uint32_t x0 = spread(r[2 * sub], 0), x1 = spread(r[2 * sub], 1);
-        const uint32_t y0 = spread(r[2 * sub + 1], 0), y1 = spread(r[2 * sub + 1], 1);
-        // rows i >= 8 of each m-tile carry 16 x code (high nibble in place)
-        const uint32_t a0[4] = {magic_sub(x0 & 0xFF0FFF0Fu), magic_sub(x0 & 0xFFF0FFF0u),
-                                magic_sub(y0 & 0xFF0FFF0Fu), magic_sub(y0 & 0xFFF0FFF0u)};
-        const uint32_t a1[4] = {magic_sub(x1 & 0xFF0FFF0Fu), magic_sub(x1 & 0xFFF0FFF0u),
-                                magic_sub(y1 & 0xFF0FFF0Fu), magic_sub(y1 & 0xFFF0FFF0u)};
+        const uint32_t x = r[2 * sub], y = r[2 * sub + 1];
+        // bytes 0/2 feed m-tile 0, bytes 1/3 m-tile 1; rows i >= 8 of each m-tile carry
+        // 16 x code (high nibble in place)
+        constexpr uint32_t LO = 0x000F000Fu, HI = 0x00F000F0u;
+        const uint32_t a0[4] = {magic_sub(field_bits(x, 0, LO)), magic_sub(field_bits(x, 0, HI)),
+                                magic_sub(field_bits(y, 0, LO)), magic_sub(field_bits(y, 0, HI))};
+        const uint32_t a1[4] = {magic_sub(field_bits(x, 1, LO)), magic_sub(field_bits(x, 1, HI)),
+                                magic_sub(field_bits(y, 1, LO)), magic_sub(field_bits(y, 1, HI))};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           mma(sc[0][nt], a0, bq[nt][2 * sub], bq[nt][2 * sub + 1], sc[0][nt]);
@@ -570,22 +578,14 @@ kvarn_decode_kernel(const Params p) {
     for (int c = 0; c < C::NCH; ++c) {
       uint32_t r[4];
       ldsm_x4_t(vbase + v_swz<C>(vtok * C::RB + 16 * (dsl * C::NCH + c)), r);
-      // column scales of the lane's channels in this chunk, each over its field factor
-      float cf[C::CPL];
       const __half* vcol = reinterpret_cast<const __half*>(rec + C::V_COL) +
                            dsl * C::DW + c * 8 * C::CPL + C::CPL * g;
 #pragma unroll
-      for (int e = 0; e < C::CPL; e += 2) {
-        const float2 v2 = h2_to_f2(*reinterpret_cast<const uint32_t*>(vcol + e));
-        cf[e] = v2.x / v_field_scale<C>(e);
-        cf[e + 1] = v2.y / v_field_scale<C>(e + 1);
-      }
-      uint32_t xs[4][2];  // per matrix: bytes 0/2 and 1/3 spread into halves
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi) { xs[mi][0] = spread(r[mi], 0); xs[mi][1] = spread(r[mi], 1); }
-#pragma unroll
       for (int mvl = 0; mvl < C::CPL / 2; ++mvl) {
         const int mv = c * (C::CPL / 2) + mvl, e0 = 2 * mvl, e1 = 2 * mvl + 1;
+        // column scales of this m-tile's two channels, each over its field factor
+        const float2 v2 = h2_to_f2(*reinterpret_cast<const uint32_t*>(vcol + e0));
+        const float cf0 = v2.x / v_field_scale<C>(e0), cf1 = v2.y / v_field_scale<C>(e1);
         // the zero-point term rides in as the MMA's C: field factor x (p . vzero)
         float pv[NT][4];
 #pragma unroll
@@ -597,8 +597,8 @@ kvarn_decode_kernel(const Params p) {
         }
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
-          const uint32_t a[4] = {v_field<C>(xs[2 * kk], e0), v_field<C>(xs[2 * kk], e1),
-                                 v_field<C>(xs[2 * kk + 1], e0), v_field<C>(xs[2 * kk + 1], e1)};
+          const uint32_t a[4] = {v_field<C>(r[2 * kk], e0), v_field<C>(r[2 * kk], e1),
+                                 v_field<C>(r[2 * kk + 1], e0), v_field<C>(r[2 * kk + 1], e1)};
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) mma(pv[nt], a, bp[kk][nt][0], bp[kk][nt][1], pv[nt]);
         }
@@ -607,7 +607,7 @@ kvarn_decode_kernel(const Params p) {
 #pragma unroll
           for (int u = 0; u < 4; ++u)
             acc[mv][nt][u] =
-                fmaf(acc[mv][nt][u], alpha[nt][u & 1], pv[nt][u] * cf[u < 2 ? e0 : e1]);
+                fmaf(acc[mv][nt][u], alpha[nt][u & 1], pv[nt][u] * (u < 2 ? cf0 : cf1));
       }
     }
   }
@@ -679,6 +679,7 @@ __global__ void kvarn_combine_kernel(const float* __restrict__ o_part,
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, l[s]);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float wsum = 0.f, acc = 0.f;
+#pragma unroll 8  // 8 partial loads in flight (up to 64 splits), same summation order
     for (int s = 0; s < splits; ++s) {
       const float w = exp2f(l[s] - mx);
       wsum += w;
@@ -745,18 +746,15 @@ size_t smem_bytes(int nstage, int* ring_bytes) {
 }
 
 struct DeviceSmem {
-  int per_block_optin = 0, per_sm = 0;
+  int per_block_optin = 0;
 };
 
 cudaError_t device_smem(int dev, DeviceSmem* out) {
   static DeviceSmem cache[64];
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (cache[dev].per_sm == 0) {
-    cudaError_t e = cudaDeviceGetAttribute(&cache[dev].per_block_optin,
-                                           cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&cache[dev].per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                               dev);
+  if (cache[dev].per_block_optin == 0) {
+    const cudaError_t e = cudaDeviceGetAttribute(&cache[dev].per_block_optin,
+                                                 cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return e;
   }
   *out = cache[dev];
@@ -769,32 +767,38 @@ cudaError_t launch_instance(Params p, int batch, int dev, cudaStream_t stream) {
   DeviceSmem sm;
   cudaError_t e = device_smem(dev, &sm);
   if (e != cudaSuccess) return e;
-  // deepest ring (<= 4 records) that still lets 2 CTAs share an SM (1 KB per CTA is
-  // reserved by the hardware); else the deepest that fits at all
-  int nstage = 0, ring = 0;
-  size_t bytes = 0;
-  for (int ns = kMaxStages; ns >= 2 && !nstage; --ns) {
-    bytes = smem_bytes<D, G, VB, NT>(ns, &ring);
-    if (bytes <= static_cast<size_t>(sm.per_block_optin) &&
-        2 * (bytes + 1024) <= static_cast<size_t>(sm.per_sm))
-      nstage = ns;
-  }
-  for (int ns = kMaxStages; ns >= 2 && !nstage; --ns) {
-    bytes = smem_bytes<D, G, VB, NT>(ns, &ring);
-    if (bytes <= static_cast<size_t>(sm.per_block_optin)) nstage = ns;
-  }
-  if (!nstage) return cudaErrorInvalidConfiguration;
-  static size_t configured[64] = {};
-  if (configured[dev] < bytes) {
-    e = cudaFuncSetAttribute(kvarn_decode_kernel<D, G, VB, NT>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  // ring depth, chosen once per device from the occupancy calculator (registers and shared
+  // memory): the most records in flight per SM, counting at most 2 per CTA (beyond that
+  // more warps help more than a deeper ring), then the most CTAs, then the deeper ring
+  static int depth[64] = {};
+  auto kernel = kvarn_decode_kernel<D, G, VB, NT>;
+  int ring = 0;
+  if (!depth[dev]) {
+    int top = 0;
+    for (int ns = kMaxStages; ns >= 2 && !top; --ns)
+      if (smem_bytes<D, G, VB, NT>(ns, &ring) <= static_cast<size_t>(sm.per_block_optin)) top = ns;
+    if (!top) return cudaErrorInvalidConfiguration;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem_bytes<D, G, VB, NT>(top, &ring)));
     if (e != cudaSuccess) return e;
-    configured[dev] = bytes;
+    int best = 2, best_score = -1, best_ctas = -1;
+    for (int ns = 2; ns <= top; ++ns) {
+      int ctas = 0;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, C::NTHREADS,
+                                                        smem_bytes<D, G, VB, NT>(ns, &ring));
+      if (e != cudaSuccess) return e;
+      const int score = ctas * (ns - 1 < 2 ? ns - 1 : 2);
+      if (score > best_score || (score == best_score && ctas >= best_ctas))
+        best = ns, best_score = score, best_ctas = ctas;
+    }
+    depth[dev] = best;
   }
+  const int nstage = depth[dev];
+  const size_t bytes = smem_bytes<D, G, VB, NT>(nstage, &ring);
   p.nstage = nstage;
   p.ring_bytes = ring;
   const dim3 grid(p.splits, p.H, batch);
-  kvarn_decode_kernel<D, G, VB, NT><<<grid, C::NTHREADS, bytes, stream>>>(p);
+  kernel<<<grid, C::NTHREADS, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
