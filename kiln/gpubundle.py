@@ -65,7 +65,12 @@ CARRIED = {
         "sleep mode's allocator (vllm/device_allocator/cumem.py); host code, 27 KB",
     "vllm/fs_io_C.abi3.so": "the file-system KV offload tier's I/O; host code, 28 KB",
     "vllm/spinloop.abi3.so": "VLLM_USE_SPINLOOP_EXT's polling loop; host code, 17 KB",
+    "vllm/kvarn/libkvarn_decode.so":
+        "the KVarN CUDA decode kernel (vllm/kvarn/decode_cuda.py); without it KVarN "
+        "decodes with its Triton kernel",
 }
+# Carried files kiln build makes only where nvcc is: a wheel without one still bundles.
+BUILT_WITH_NVCC = ("vllm/kvarn/libkvarn_decode.so",)
 LEFT_OUT = {
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so":
         "FlashAttention 2 (308 MB): an empty stand-in lets vllm.vllm_flash_attn import; "
@@ -182,7 +187,7 @@ def classify(wheel: zipfile.ZipFile) -> tuple[list[str], list[str]]:
         raise KilnError(
             f"the wheel has compiled files the bundle has no decision for: "
             f"{', '.join(undecided)}; add each to CARRIED or LEFT_OUT in kiln/gpubundle.py")
-    missing = sorted(set(CARRIED) - set(compiled))
+    missing = sorted(set(CARRIED) - set(compiled) - set(BUILT_WITH_NVCC))
     if missing:
         raise KilnError(f"the wheel lacks compiled files the bundle carries: {', '.join(missing)}")
     return compiled, python

@@ -2,7 +2,8 @@
 
 Upstream's compiled files are copied byte for byte; the series is applied to
 the Python files it touches; the ``vllm/`` overlay, ``kvarn/`` and ``specattn/`` are
-added inside the package; the version module, METADATA and RECORD are rewritten.
+added inside the package, with the KVarN CUDA library where nvcc exists
+(``kiln.kvarncuda``); the version module, METADATA and RECORD are rewritten.
 Entries carry one timestamp (SOURCE_DATE_EPOCH, else the HEAD commit's time),
 so two builds of one commit are byte-identical.
 """
@@ -27,6 +28,7 @@ from kiln.atomic import replacing
 from kiln.csrc import build_csrc
 from kiln.errors import KilnError
 from kiln.fetch import fetch
+from kiln.kvarncuda import build_kvarn_library
 from kiln.lock import UpstreamLock
 from kiln.metadata import dist_info_files, dist_info_name, upstream_dist_info
 from kiln.paths import REPO_ROOT
@@ -196,7 +198,8 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
         new_dist = dist_info_name(version)
         replaced = _patched_files(source, series.topics)
         replaced["vllm/_version.py"] = version_module(version, head_commit(root))
-        overlay = {**overlay_files(root), **build_csrc(root, Path(csrc_build), log)}
+        overlay = {**overlay_files(root), **build_csrc(root, Path(csrc_build), log),
+                   **build_kvarn_library(root, Path(csrc_build) / "kvarn", log)}
         clashes = sorted(set(overlay) & (set(names) | set(replaced)))
         if clashes:
             raise KilnError(

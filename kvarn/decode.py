@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import decode_select
 from ._triton_common import checked
 from .decode_unpack import crumbs, nibbles
 from .layout import PagedKV
@@ -226,11 +227,15 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, D: tl.constexpr, BLOCK_S: t
     tl.store(out_ptr + row * D + dd, tl.sum(o * w[:, None], 0) / tl.sum(w, 0))
 
 
-VARIANTS = ("prefetch", "pipelined")
-# The kernel ``attend`` uses unless told otherwise. "prefetch" stays the default until
-# the H200 sweep (bench/kvarn_decode.py) measures "pipelined" faster; the environment
-# variable KVARN_DECODE_VARIANT overrides it (for end-to-end comparisons).
-DEFAULT_VARIANT = "prefetch"
+VARIANTS = ("prefetch", "pipelined")  # the Triton kernels, tuned by launch parameters
+# What variant= and KVARN_DECODE_VARIANT accept: "cuda" is the CUDA C++ kernel
+# (decode_cuda) where it is available and has the shape, else "prefetch"; "auto" is the
+# same choice, with its fallbacks logged as info rather than warnings (decode_select).
+CHOICES = ("auto", "cuda", *VARIANTS)
+# The kernel ``attend`` uses unless told otherwise: the CUDA kernel ran 1.5x to 3.8x as
+# fast as the Triton ones on the H200 (RELEASE-NOTES.md, "A CUDA decode kernel"); the
+# environment variable KVARN_DECODE_VARIANT overrides it (for end-to-end comparisons).
+DEFAULT_VARIANT = "auto"
 # Launch parameters per variant, and per head dim where the sweep found another best;
 # programs_per_sm sizes the split-K grid (default_splits).
 LAUNCH_DEFAULTS: dict[str, dict] = {
@@ -248,8 +253,8 @@ _PARAMS = {"prefetch": {"num_warps", "num_stages", "maxnreg", "tile_tokens", "pr
 
 def default_variant() -> str:
     v = os.environ.get("KVARN_DECODE_VARIANT") or DEFAULT_VARIANT
-    if v not in VARIANTS:
-        raise ValueError(f"KVARN_DECODE_VARIANT={v!r}: allowed: {', '.join(VARIANTS)}")
+    if v not in CHOICES:
+        raise ValueError(f"KVARN_DECODE_VARIANT={v!r}: allowed: {', '.join(CHOICES)}")
     return v
 
 
@@ -290,9 +295,12 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     """Attention in the rotated frame. q_rot [B, Q, Hq, D] -> fp32 [B, Q, Hq, D].
 
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
-    positions). variant: "prefetch" (L2 prefetch of the next records) or "pipelined"
-    (cp.async multi-buffered record stream, ``decode_pipelined``); default
-    ``default_variant()``. Launch parameters (None or absent = ``launch_config``):
+    positions). variant: "cuda" (the CUDA C++ kernel, ``decode_cuda``, where its library
+    is available and has the shape, else "prefetch"), "auto" (the same choice; a
+    fallback is logged as info, not as a warning), "prefetch" (L2 prefetch of the next
+    records) or "pipelined" (cp.async multi-buffered record stream,
+    ``decode_pipelined``); default ``default_variant()``.
+    Launch parameters tune the Triton variants only (None or absent = ``launch_config``):
     num_warps, num_stages, maxnreg (caps registers per thread; the prefetch kernel takes
     ~240 otherwise, 2 programs of 4 warps per H200 SM), tile_tokens (tokens per
     online-softmax step, a power of two >= 32, capped at the group), programs_per_sm
@@ -310,6 +318,20 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     if kv.preset.key_bits != 4:
         raise ValueError(f"{kv.preset.name}: the decode kernel supports 4-bit keys only")
     variant = variant or default_variant()
+    if variant not in CHOICES:
+        raise ValueError(f"unknown decode variant {variant!r}; allowed: {', '.join(CHOICES)}")
+    if variant in ("auto", "cuda"):
+        given = sorted(k for k, v in launch.items() if v is not None)
+        if given:
+            raise TypeError(f"decode variant {variant!r} takes no {', '.join(given)}: launch "
+                            f"parameters tune the Triton variants ({', '.join(VARIANTS)})")
+        if decode_select.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
+                                debug) == "cuda":
+            out = decode_select.attend(q_rot, kv, block_table, side_table, seq_lens,
+                                       num_flushed, sm_scale, num_splits or None)
+            if out is not None:
+                return out
+        variant = decode_select.FALLBACK
     cfg = launch_config(variant, d, **launch)
     ts = min(cfg["tile_tokens"], g)
     if ts < 32 or ts & (ts - 1):

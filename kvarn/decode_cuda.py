@@ -17,20 +17,16 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 
+from .cuda_build import ARCHS, LIB_NAME, compile_library
 from .layout import PagedKV
 from .preset import Preset
 
 LOG2E = 1.4426950408889634
-LIB_NAME = "libkvarn_decode.so"
 ENV_LIB = "KVARN_CUDA_LIB"
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "kvarn" / "kvarn_decode.cu"
-ARCHS = ("80", "86", "89", "90")
 HEAD_DIMS = (64, 128, 256)
 MAX_ROWS = 16  # query rows per (request, KV head): Q * (Hq / H)
 _Q_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -48,25 +44,9 @@ def build_library(out_dir, archs=ARCHS, source: Path | None = None, nvcc: str | 
                   ptxas_verbose: bool = False, threads: int = 0) -> Path:
     """Compile csrc/kvarn/kvarn_decode.cu into out_dir/libkvarn_decode.so for the given SM
     archs; with ptxas_verbose, registers and spills per kernel go to out_dir/build.log.
-    Exact math (no --use_fast_math). Raises RuntimeError with nvcc's output on failure."""
-    nvcc = nvcc or shutil.which("nvcc") or os.path.join(
-        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-    if not os.path.exists(nvcc):
-        raise RuntimeError("build_library: nvcc not found (PATH or $CUDA_HOME/bin)")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / LIB_NAME
-    cmd = [nvcc, "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
-           f"--threads={threads}", "-o", str(out), str(source or SOURCE)]
-    for a in archs:
-        cmd[1:1] = ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    if ptxas_verbose:
-        cmd[1:1] = ["-Xptxas", "-v"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    (out_dir / "build.log").write_text(" ".join(cmd) + "\n" + run.stdout + run.stderr)
-    if run.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({run.returncode}):\n{run.stderr[-4000:]}")
-    return out
+    Exact math (no --use_fast_math); the command is ``cuda_build``'s, the one kiln build
+    uses. Raises RuntimeError with nvcc's output on failure."""
+    return compile_library(out_dir, archs, source, nvcc, ptxas_verbose, threads)
 
 
 def load_library(path=None) -> ctypes.CDLL:

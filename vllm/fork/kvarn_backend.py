@@ -439,6 +439,14 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         assert config is not None, "the KVARN impl is built inside the model's config"
         self.side_plan = side_pool_plan(config, self.preset, self.num_kv_heads, head_size)
         self.scratch_blocks = scratch_blocks(config, self.preset)
+        from vllm.kvarn import decode, decode_select
+
+        spec = config.speculative_config
+        q_len = 1 + ((spec.num_speculative_tokens or 0) if spec else 0)
+        rows = q_len * (num_heads // self.num_kv_heads)
+        logger.info_once("KVarN decode kernel (head dim %d, %d query rows per KV head): %s",
+                         head_size, rows, decode_select.describe(
+                             decode.default_variant(), self.preset, head_size, rows))
 
     def _pools(self, layer, kv_cache: torch.Tensor) -> tuple[PagedKV, torch.Tensor]:
         """The layer's paged view and its side pool; on the first call (the profiling
