@@ -375,6 +375,7 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
             table.append({"batch": batch, "context": ctx, "ms_per_step": step * 1e3,
                           "tokens_per_s": batch / step})
     return {"prefill_tokens": len(seqs) * longest, "prefill_s": prefill_s, "table": table,
+            "decode_kernel": [line for line in _log_lines() if "KVarN decode kernel" in line],
             **_pool(llm)}
 
 

@@ -2,6 +2,8 @@
 scenario's (function in scenarios.py, model, spec)."""
 from __future__ import annotations
 
+import os
+
 GIB = 1 << 30
 COPY_PERIOD = 257
 PRESETS = ("kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g64")
@@ -80,6 +82,25 @@ JIT_RUNS = {
 }
 
 
+def speed_shapes(value: str | None = None) -> tuple[list[int], list[int]]:
+    """The speed runs' batches and contexts: 1, 8, 64 x 4K, 16K, or those of
+    $KILN_GPU_SPEED_SHAPES ("64x16384 8x4096": batches x contexts, every pair of them)."""
+    value = os.environ.get("KILN_GPU_SPEED_SHAPES", "") if value is None else value
+    if not value.strip():
+        return [1, 8, 64], [4096, 16384]
+    try:
+        pairs = [tuple(int(n) for n in item.split("x")) for item in value.split()]
+    except ValueError:
+        pairs = [()]
+    if any(len(pair) != 2 or not 1 <= pair[0] <= 64 or not 1 <= pair[1] <= 16384
+           for pair in pairs):
+        raise ValueError(f"KILN_GPU_SPEED_SHAPES={value!r}: allowed: BATCHxCONTEXT items, "
+                         "batch 1..64, context 1..16384, e.g. '64x16384 1x4096'")
+    return sorted({b for b, _ in pairs}), sorted({c for _, c in pairs})
+
+
+SPEED_BATCHES, SPEED_CONTEXTS = speed_shapes()
+
 SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{name: ("spec_decode", "copy128", spec) for name, spec in SPEC_RUNS.items()},
     **{name: ("dflash2_jit", "copy128", spec) for name, spec in JIT_RUNS.items()},
@@ -107,7 +128,7 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
                            dict(profile="ctx=huge,spec=ngram,prefix-cache")),
     **{f"speed-{dt}": ("speed", "large", dict(
         kv_cache_dtype=dt, mode="graphs", gpu_memory_utilization=0.85,
-        max_model_len=16384 + 256, batches=[1, 8, 64], contexts=[4096, 16384],
+        max_model_len=16384 + 256, batches=SPEED_BATCHES, contexts=SPEED_CONTEXTS,
         exclusive=True))
        for dt in ("auto", "fp8", "kvarn_k4v2_g128")},
 }

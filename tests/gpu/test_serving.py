@@ -1,6 +1,8 @@
 """The hybrid model, `vllm serve` with --api-key, and the decode-speed table."""
 import pytest
 
+from tests.gpu.specs import SPEED_BATCHES, SPEED_CONTEXTS
+
 
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
 def test_the_hybrid_model_serves_with_bf16_and_kvarn(scenario):
@@ -40,16 +42,21 @@ SPEED = ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128")
 def test_decode_speed_table_and_profiled_capacity(scenario):
     """A benchmark, not a timed test: it asserts the table is complete and that KVarN's
     profiled pool (its side pool and scratch charged) keeps 0.85 of the format's ideal."""
-    from vllm.kvarn import Preset
+    from vllm.kvarn import Preset, decode_cuda
 
     runs = {name: scenario(name) for name in SPEED}
     for name, run in runs.items():
-        assert len(run["table"]) == 6, name
+        assert len(run["table"]) == len(SPEED_BATCHES) * len(SPEED_CONTEXTS), name
         for row in run["table"]:
             # A non-positive step means the two timed runs measured something else.
             assert row["ms_per_step"] > 0, (name, row)
             print(f"{name}: batch {row['batch']} x {row['context']}: "
                   f"{row['tokens_per_s']:.0f} tokens/s ({row['ms_per_step']:.2f} ms/step)")
+    # The wheel's CUDA decode kernel serves KVarN wherever the wheel carries it.
+    kernel = runs["speed-kvarn_k4v2_g128"]["decode_kernel"]
+    print("\n".join(kernel))
+    if decode_cuda.library_path().exists():
+        assert kernel and all("CUDA C++" in line for line in kernel), kernel
     bf16 = runs["speed-auto"]["pool_tokens"]
     ideal = 4 * 128 / Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)
     assert runs["speed-kvarn_k4v2_g128"]["pool_tokens"] / bf16 >= 0.85 * ideal
