@@ -11,7 +11,7 @@
 # correctness is steps 1-2b, timing steps 3-4 (after correctness, into the same OUT_DIR),
 # so other GPU work can run beside the first and not beside the second.
 # Writes OUT_DIR/summary.txt, build.log, tests.log, sanitizer.txt, bench_cuda.json,
-# bench_cuda.txt, ncu.txt.
+# bench_cuda.txt, ncu.txt. KILN_NCU_HEAD_DIMS picks the ncu launches (default "128 256").
 set -u
 OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR [all | correctness | timing]}
 PHASE=${2:-all}
@@ -112,7 +112,7 @@ grep -A 40 "^preset " "$OUT/bench_cuda.txt" >> "$SUMMARY"
 # 4. ncu on the second of two launches at 64 x 16K, 8 KV heads, GQA 4, k4v2_g128
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 : > "$OUT/ncu.txt"
-for D in 128 256; do
+for D in ${KILN_NCU_HEAD_DIMS:-128 256}; do
   S=$(date +%s)
   timeout 35 "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis -k regex:kvarn_decode \
