@@ -51,8 +51,17 @@ export KILN_GPU_RESULTS="$results"
 
 cd "$bundle/src"
 start=$(date +%s.%N)
+# pytest runs in the background so a TERM or INT sent to this script (a time limit)
+# reaches it: the session then ends its scenario engines instead of leaving them on the GPU.
 "$python" -m pytest -p no:cacheprovider -rA "$bundle/src/tests/gpu" \
-  --junitxml "$results/junit.xml" "$@" 2>&1 | tee "$results/pytest.log"
-status=${PIPESTATUS[0]}
+  --junitxml "$results/junit.xml" "$@" > >(tee "$results/pytest.log") 2>&1 &
+pytest_pid=$!
+trap 'kill -TERM "$pytest_pid" 2>/dev/null' TERM INT
+wait "$pytest_pid"
+status=$?
+while kill -0 "$pytest_pid" 2>/dev/null; do  # a trapped signal cut the wait short
+  wait "$pytest_pid"
+  status=$?
+done
 gpurun summary "$bundle" "$prefix/machine.json" "$results" "$status" "$start"
 exit "$status"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -20,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.process_groups import ProcessGroups
 from tests.gpu.specs import MODELS, SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_TIMEOUT_S = int(os.environ.get("KILN_GPU_SCENARIO_TIMEOUT", "420"))
 PARALLEL = int(os.environ.get("KILN_GPU_PARALLEL", "16"))
+ENGINES = ProcessGroups()
 
 
 def _has_cuda() -> bool:
@@ -104,11 +107,14 @@ def _run(name: str, models: dict[str, str], work: Path) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "tests.gpu.scenarios", func,
                                  str(spec_path), str(out_path)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        ENGINES.add(proc.pid)
         try:
             code = proc.wait(timeout=SCENARIO_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             code = "timeout"
+        finally:
+            ENGINES.discard(proc.pid)
     result = json.loads(out_path.read_text()) if out_path.is_file() else {}
     if code != 0 or not result:
         tail = log_path.read_text(errors="replace").splitlines()[-60:]
@@ -120,6 +126,7 @@ def _run(name: str, models: dict[str, str], work: Path) -> dict:
 @pytest.fixture(scope="session")
 def gpu_results(request, tmp_path_factory) -> dict[str, dict]:
     needed = _needed(request.session.items)
+    ENGINES.end_on(signal.SIGTERM, signal.SIGINT)
     work = tmp_path_factory.mktemp("gpu-scenarios")
     started = time.monotonic()
     models = _build_models({SCENARIOS[n][1] for n in needed}
