@@ -61,13 +61,12 @@ def attend(q_rot, kv, block_table, side_table, seq_lens, num_flushed, sm_scale,
            num_splits) -> torch.Tensor | None:
     """decode_cuda.attend_rotated_cuda; None when this process's first launch failed."""
     global _launched
-    if _launched:
-        return decode_cuda.attend_rotated_cuda(q_rot, kv, block_table, side_table, seq_lens,
-                                               num_flushed, sm_scale, num_splits)
     try:
         out = decode_cuda.attend_rotated_cuda(q_rot, kv, block_table, side_table, seq_lens,
                                               num_flushed, sm_scale, num_splits)
     except RuntimeError as exc:  # the launcher's cudaError: shape errors are ValueErrors
+        if _launched:
+            raise
         _state["unavailable"] = f"the CUDA kernel's first launch failed: {exc}"
         _log_once(logging.WARNING, f"KVarN decode falls back to the Triton {FALLBACK!r} kernel "
                                    f"for this process: {_state['unavailable']}")
