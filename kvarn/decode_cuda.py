@@ -29,6 +29,7 @@ LOG2E = 1.4426950408889634
 ENV_LIB = "KVARN_CUDA_LIB"
 HEAD_DIMS = (64, 128, 256)
 MAX_ROWS = 16  # query rows per (request, KV head): Q * (Hq / H)
+MAX_SPLITS = 1024  # the library's bound (the combine keeps its weights in shared memory)
 _Q_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 _lib = None
@@ -64,6 +65,14 @@ def load_library(path=None) -> ctypes.CDLL:
         raise RuntimeError(_lib_error) from None
     p, i, ll, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.kvarn_decode_launch.restype = i
+    try:
+        lib.kvarn_decode_partials.restype = i
+    except AttributeError:  # a library built before part 0 took the side pool
+        _lib, _lib_error = None, (f"the KVarN CUDA library at {path} is older than this "
+                                  f"package (no kvarn_decode_partials): rebuild it "
+                                  f"(kvarn.decode_cuda.build_library, or kiln build)")
+        raise RuntimeError(_lib_error) from None
+    lib.kvarn_decode_partials.argtypes = [i]
     lib.kvarn_decode_launch.argtypes = [p, i, p, p, p, ll, p, ll, i, p, p, p, p, p,
                                         i, i, i, i, i, i, i, i, f, i, p]
     lib.kvarn_decode_supported.restype = i
@@ -128,9 +137,11 @@ def supports(preset, head_dim: int, q_rows: int) -> bool:
             and head_dim in HEAD_DIMS and 1 <= q_rows <= MAX_ROWS)
 
 
-# CTAs per SM of the decode kernel at D <= 128 with one row tile (128 registers, a
-# 3-record ring): single-sequence decode fills every SM's 4 slots, not 2
-PROGRAMS_PER_SM = 4
+# Record CTAs per SM that the default split count aims at. The kernel holds 4 CTAs per
+# SM at D <= 128, but its split sweep on the H200 (bench/kvarn_decode.py --cuda-sweep)
+# was fastest near 2: 1 split at 64 x 16K and 256 x 8K, 32 at 1 x 32K, 8-16 at 1 x 4K,
+# at D = 128 and 256 alike (each split past the first also adds a combine row)
+PROGRAMS_PER_SM = 2
 _SMS: dict[int, int] = {}
 
 
@@ -173,7 +184,8 @@ def attend_rotated_cuda(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Ten
     """Attention in the rotated frame, kvarn.decode.attend_rotated's semantics and
     output: q_rot [B, Q, Hq, D] (fp32, fp16 or bf16) -> fp32 [B, Q, Hq, D]. Q = 1 is
     decode, Q = k + 1 speculative verify (row i sees seq_len - Q + i + 1 positions).
-    num_splits: split-K over each request's records (None: ``default_splits``).
+    num_splits: split-K over each request's records (None: ``default_splits``); with more
+    than one, the fp16 side pool gets a CTA of its own.
     Table ids are not checked (as the Triton kernel outside debug mode)."""
     if q_rot.dim() != 4:
         raise ValueError(f"q_rot must be [B, Q, Hq, D], got shape {tuple(q_rot.shape)}")
@@ -206,14 +218,16 @@ def attend_rotated_cuda(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Ten
         splits = default_splits(bsz, h, block_table.shape[1], device=dev.index)
     else:
         splits = int(num_splits)
-        if splits < 1:
-            raise ValueError(f"num_splits {num_splits}: allowed: 1 or more (None: default)")
+        if not 1 <= splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits {num_splits}: allowed: 1..{MAX_SPLITS} "
+                             f"(None: default)")
     lib = _get_lib()
     q = q_rot.contiguous()
     out = torch.empty(bsz, nq, hq, d, dtype=torch.float32, device=dev)
-    if splits > 1:
-        o_part = torch.empty(bsz * nq * hq * splits, d, dtype=torch.float32, device=dev)
-        lse = torch.empty(bsz * nq * hq * splits, dtype=torch.float32, device=dev)
+    parts = lib.kvarn_decode_partials(splits)
+    if parts:
+        o_part = torch.empty(bsz * nq * hq * parts, d, dtype=torch.float32, device=dev)
+        lse = torch.empty(bsz * nq * hq * parts, dtype=torch.float32, device=dev)
         o_ptr, lse_ptr = o_part.data_ptr(), lse.data_ptr()
     else:
         o_ptr = lse_ptr = None

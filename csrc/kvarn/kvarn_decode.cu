@@ -2,10 +2,13 @@
 // CUDA C++ with a C ABI (no torch headers), loaded by kvarn/decode_cuda.py via ctypes.
 //
 // Semantics are kvarn/decode.py's `attend_rotated` (the Triton kernel): one CTA per
-// (request, KV head, split) serves every query row of the GQA group (row m = query token
-// m / HPG, head h * HPG + m % HPG), split-K over the request's records 1..F, the fp16
-// sink and tail blocks from the side pool in split 0 with a per-row causal limit, and a
-// log-sum-exp combine when there are several splits. Scores live in the exp2 domain.
+// (request, KV head, part) serves every query row of the GQA group (row m = query token
+// m / HPG, head h * HPG + m % HPG). With one split, the one part reads the fp16 sink and
+// tail blocks of the side pool (per-row causal limit) and every record 1..F. With S > 1
+// splits there are S + 1 parts: part 0 reads only the side pool, whose fp16 blocks cost
+// several records' worth of latency (a split that also read them was every short
+// launch's critical path), parts 1..S a range of records each, and a log-sum-exp
+// combine merges them. Scores live in the exp2 domain.
 //
 // Layout of the work. Tokens sit on the MMA's M dimension and query rows on N (so a
 // GQA-4 decode wastes half of an n8 tile instead of 3/4 of an m16 one), as in
@@ -26,6 +29,7 @@
 namespace {
 
 constexpr int kMaxStages = 4;
+constexpr int kMaxSplits = 1024;  // the combine keeps one weight per part in shared memory
 
 template <int D_, int G_, int VB_, int NT_>
 struct Cfg {
@@ -62,10 +66,10 @@ struct Params {
   const int* seq_lens;
   const int* num_flushed;
   float* out;     // [B*Q*HQ, D]
-  float* o_part;  // [B*Q*HQ*splits, D] when splits > 1
-  float* lse;     // [B*Q*HQ*splits]
+  float* o_part;  // [B*Q*HQ*parts, D] when splits > 1 (parts = splits + 1)
+  float* lse;     // [B*Q*HQ*parts]
   long long bt_stride, st_stride;
-  int st_width, H, HQ, Q, HPG, splits, nstage, q_dtype;
+  int st_width, H, HQ, Q, HPG, splits, parts, nstage, q_dtype;
   float qk_scale;
   int ring_bytes;
 };
@@ -78,6 +82,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -175,6 +182,14 @@ __device__ __forceinline__ void issue_record(uint32_t dst, const uint8_t* src, i
     cp_async16(dst + C::V_COL + c * 16, src + C::V_COL + c * 16);
 }
 
+// Ask L2 for `bytes` (a multiple of 128) at src, one 128-byte line per thread and step:
+// a later load of them then waits for L2, not DRAM.
+template <class C>
+__device__ __forceinline__ void prefetch_lines(const void* src, int bytes, int tid) {
+  for (int off = tid * 128; off < bytes; off += C::NTHREADS * 128)
+    prefetch_l2(static_cast<const uint8_t*>(src) + off);
+}
+
 // -------------------------------------------------------------------- fragment maps
 //
 // S^T m-tile mt (0, 1) of a warp's 32 tokens, row i (0..15) of the tile: token
@@ -265,7 +280,7 @@ kvarn_decode_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using C = Cfg<D, G, VB, NT>;
   extern __shared__ __align__(128) uint8_t smem[];
-  const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int part = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tig = lane & 3;
   const int ts = warp % C::NTS, dsl = warp / C::NTS;
@@ -281,10 +296,15 @@ kvarn_decode_kernel(const Params p) {
   float* bias = reinterpret_cast<float*>(qa + C::MP * C::QS);          // [MP] q . kzero
   float* mls = bias + C::MP;                                           // [NTS][MP][2]
 
-  // split-K range of quantized logical blocks 1..F (indices 0..F-1 here)
-  const int per = (F + p.splits - 1) / p.splits;
-  const int lo = s * per, hi = min(lo + per, F);
-  const int n = max(hi - lo, 0);
+  // this part's range of quantized logical blocks 1..F (indices 0..F-1 here): with one
+  // split, part 0 reads them all; with more, part 0 none and part k split k - 1's share
+  const bool reads_side = part == 0;
+  int lo = 0, n = 0;
+  if (p.splits == 1 || part > 0) {
+    const int per = (F + p.splits - 1) / p.splits;
+    lo = (p.splits == 1 ? 0 : part - 1) * per;
+    n = max(min(lo + per, F) - lo, 0);
+  }
   const int* bt_row = p.block_table + b * p.bt_stride + 1 + lo;
   auto record_src = [&](int i) {
     const long long blk = bt_row[i];
@@ -294,6 +314,15 @@ kvarn_decode_kernel(const Params p) {
   for (int k = 0; k < p.nstage - 1; ++k) {
     if (k < n) issue_record<C>(smem_addr(ring + k * C::REC), record_src(k), tid);
     cp_async_commit();
+  }
+  // the side pool's fp16 blocks go to L2 now: they are read with plain loads, a dozen
+  // dependent rounds per block, which then wait for L2 rather than DRAM
+  const int n_fp = reads_side ? min((L + G - 1) / G - F, p.st_width) : 0;
+  for (int j = 0; j < n_fp; ++j) {
+    const long long sid = p.side_table[b * p.st_stride + j];
+    const __half* kb = p.side + ((sid * 2) * p.H + h) * static_cast<long long>(G * D);
+    prefetch_lines<C>(kb, G * D * 2, tid);
+    prefetch_lines<C>(kb + static_cast<long long>(p.H) * G * D, G * D * 2, tid);
   }
 
   // q (any of fp32 / fp16 / bf16) -> fp32 rows; padded rows are zero
@@ -346,8 +375,7 @@ kvarn_decode_kernel(const Params p) {
   __syncthreads();  // q16 ready
 
   // ------------------------------------------- fp16 blocks: sink (0) and tail (F+1..)
-  if (s == 0) {
-    const int n_fp = min((L + G - 1) / G - F, p.st_width);
+  if (reads_side) {
     for (int j = 0; j < n_fp; ++j) {
       const int logical = j == 0 ? 0 : F + j;
       const long long sid = p.side_table[b * p.st_stride + j];
@@ -658,34 +686,83 @@ kvarn_decode_kernel(const Params p) {
     const float inv = lsum == 0.f ? 1.f : 1.f / lsum;  // an empty split writes zeros
     const long long q_off =
         (static_cast<long long>(b) * p.Q + row / p.HPG) * p.HQ + h * p.HPG + row % p.HPG;
-    if (p.splits == 1) {
+    if (p.parts == 1) {
       p.out[q_off * D + ch] = o * inv;
     } else {
-      const long long part = q_off * p.splits + s;
-      p.o_part[part * D + ch] = o * inv;
-      if (ch == 0) p.lse[part] = lsum == 0.f ? -INFINITY : mx + log2f(lsum);
+      const long long slot_id = q_off * p.parts + part;
+      p.o_part[slot_id * D + ch] = o * inv;
+      if (ch == 0) p.lse[slot_id] = lsum == 0.f ? -INFINITY : mx + log2f(lsum);
     }
   }
 #endif
 }
 
-// Log-sum-exp merge of the split partials (exp2 domain), one CTA per query row.
-__global__ void kvarn_combine_kernel(const float* __restrict__ o_part,
-                                     const float* __restrict__ lse, float* __restrict__ out,
-                                     int splits, int D) {
+// Log-sum-exp merge of the parts' partials (exp2 domain), one CTA of COMBINE_THREADS per
+// query row, in two rounds of global loads: the parts' lse (their max and weight sum are
+// block reductions), then every partial row at once, each group of D/4 threads summing
+// every ngrp-th part with float4 loads that do not wait on one another. A part that saw
+// nothing has lse -inf, weight 0 and a zero row (the kernel writes one).
+constexpr int COMBINE_THREADS = 128;
+__host__ __device__ constexpr int combine_weight_slots(int parts) { return (parts + 3) & ~3; }
+
+__device__ __forceinline__ float block_reduce(float x, bool is_max, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // red is free (an earlier reduction's readers are done)
+  if ((threadIdx.x & 31) == 0) red[warp] = x;
+  __syncthreads();
+  x = red[0];
+#pragma unroll
+  for (int w = 1; w < COMBINE_THREADS / 32; ++w) x = is_max ? fmaxf(x, red[w]) : x + red[w];
+  return x;
+}
+
+__global__ void __launch_bounds__(COMBINE_THREADS)
+kvarn_combine_kernel(const float* __restrict__ o_part, const float* __restrict__ lse,
+                     float* __restrict__ out, int parts, int D) {
+  extern __shared__ float4 csm4[];  // [parts] weights (padded to 4), then [ngrp][D] sums
+  float* csm = reinterpret_cast<float*>(csm4);
+  __shared__ float red[COMBINE_THREADS / 32];
   const long long row = blockIdx.x;
-  const float* l = lse + row * splits;
+  const int tid = threadIdx.x;
+  const float* l = lse + row * parts;
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, l[s]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float wsum = 0.f, acc = 0.f;
-#pragma unroll 8  // 8 partial loads in flight (up to 64 splits), same summation order
-    for (int s = 0; s < splits; ++s) {
-      const float w = exp2f(l[s] - mx);
-      wsum += w;
-      acc = fmaf(w, o_part[(row * splits + s) * D + d], acc);
-    }
-    out[row * D + d] = acc / wsum;
+  for (int s = tid; s < parts; s += COMBINE_THREADS) {
+    csm[s] = l[s];
+    mx = fmaxf(mx, csm[s]);
+  }
+  mx = block_reduce(mx, true, red);
+  float wsum = 0.f;
+  for (int s = tid; s < parts; s += COMBINE_THREADS) {
+    const float w = csm[s] == -INFINITY ? 0.f : exp2f(csm[s] - mx);
+    csm[s] = w;
+    wsum += w;
+  }
+  wsum = block_reduce(wsum, false, red);  // its barriers also publish the weights
+  const int c4 = D / 4, ngrp = COMBINE_THREADS / c4, grp = tid / c4, col = tid % c4;
+  float* gsum = csm + combine_weight_slots(parts);  // 16-byte aligned for float4 stores
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4* src = reinterpret_cast<const float4*>(o_part + row * parts * D) + col;
+#pragma unroll 8
+  for (int s = grp; s < parts; s += ngrp) {
+    const float w = csm[s];
+    const float4 v = src[static_cast<long long>(s) * c4];
+    acc.x = fmaf(w, v.x, acc.x);
+    acc.y = fmaf(w, v.y, acc.y);
+    acc.z = fmaf(w, v.z, acc.z);
+    acc.w = fmaf(w, v.w, acc.w);
+  }
+  reinterpret_cast<float4*>(gsum + grp * D)[col] = acc;
+  __syncthreads();
+  const float inv = wsum == 0.f ? 0.f : 1.f / wsum;  // no part saw a position: zeros
+  for (int d = tid; d < D; d += COMBINE_THREADS) {
+    float o = 0.f;
+    for (int gi = 0; gi < ngrp; ++gi) o += gsum[gi * D + d];
+    out[row * D + d] = o * inv;
   }
 }
 
@@ -797,7 +874,7 @@ cudaError_t launch_instance(Params p, int batch, int dev, cudaStream_t stream) {
   const size_t bytes = smem_bytes<D, G, VB, NT>(nstage, &ring);
   p.nstage = nstage;
   p.ring_bytes = ring;
-  const dim3 grid(p.splits, p.H, batch);
+  const dim3 grid(p.parts, p.H, batch);
   kernel<<<grid, C::NTHREADS, bytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -821,6 +898,11 @@ cudaError_t launch_preset(Params p, int batch, int group, int value_bits, int de
 }  // namespace
 
 extern "C" {
+
+// Partial rows per query row that a launch with `splits` needs in o_part and lse: 0 for
+// one split (no combine), else splits + 1 (part 0 holds the side pool's). Callers size
+// their buffers from this, so a library and a caller of different layouts cannot meet.
+int kvarn_decode_partials(int splits) { return splits > 1 ? splits + 1 : 0; }
 
 // 1 when the kernel has an instance for this shape (keys are always 4-bit).
 int kvarn_decode_supported(int head_dim, int group, int value_bits, int rows) {
@@ -850,8 +932,8 @@ int kvarn_decode_launch(const void* q, int q_dtype, const void* cache, const voi
                         int group, int value_bits, int splits, float qk_scale, int device,
                         void* stream) {
   if (!kvarn_decode_supported(head_dim, group, value_bits, q_len * (num_q_heads / num_kv_heads)) ||
-      num_q_heads % num_kv_heads || splits < 1 || batch < 1 || q_dtype < 0 || q_dtype > 2 ||
-      (splits > 1 && (!o_part || !lse)))
+      num_q_heads % num_kv_heads || splits < 1 || splits > kMaxSplits || batch < 1 ||
+      q_dtype < 0 || q_dtype > 2 || (splits > 1 && (!o_part || !lse)))
     return cudaErrorInvalidValue;
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);
@@ -876,6 +958,7 @@ int kvarn_decode_launch(const void* q, int q_dtype, const void* cache, const voi
   p.Q = q_len;
   p.HPG = num_q_heads / num_kv_heads;
   p.splits = splits;
+  p.parts = splits > 1 ? splits + 1 : 1;
   p.q_dtype = q_dtype;
   p.qk_scale = qk_scale;
   p.nstage = 0;
@@ -888,8 +971,10 @@ int kvarn_decode_launch(const void* q, int q_dtype, const void* cache, const voi
   }
   if (e != cudaSuccess || splits == 1) return e;
   const int rows = batch * q_len * num_q_heads;
-  kvarn_combine_kernel<<<rows, head_dim < 128 ? head_dim : 128, 0, st>>>(o_part, lse, out, splits,
-                                                                          head_dim);
+  const size_t csmem = (combine_weight_slots(p.parts) +
+                        static_cast<size_t>(COMBINE_THREADS / (head_dim / 4)) * head_dim) *
+                       sizeof(float);
+  kvarn_combine_kernel<<<rows, COMBINE_THREADS, csmem, st>>>(o_part, lse, out, p.parts, head_dim);
   return cudaGetLastError();
 }
 

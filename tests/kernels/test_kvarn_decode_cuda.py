@@ -106,6 +106,15 @@ def test_verify_row_equals_decode_at_that_length(cuda_lib):
         assert torch.allclose(full[:, i], one[:, 0], atol=1e-3)
 
 
+@pytest.mark.parametrize("splits", [200, decode_cuda.MAX_SPLITS])
+def test_combine_of_many_and_of_empty_parts(cuda_lib, splits):
+    # more parts than the combine has threads; past a request's records a part sees
+    # nothing (lse -inf) and must not weigh in; the 129-token request has no records
+    st, q, args = case("kvarn_k4v4_g64", 128, 4, 1, [32768, 1000, 129], seed=17)
+    check_close(decode_cuda.attend_rotated_cuda(q, *args, num_splits=splits),
+                ref.paged_attention(q, *args))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_queries_equal_their_fp32_values(cuda_lib, dtype):
     st, q, args = case("kvarn_k4v2_g128", 128, 4, 1, [4096, 129], seed=5)
@@ -143,6 +152,8 @@ def test_bad_arguments_name_what_is_allowed(cuda_lib):
         decode_cuda.attend_rotated_cuda(q.double(), *args)
     with pytest.raises(ValueError, match="num_splits 0"):
         decode_cuda.attend_rotated_cuda(q, *args, num_splits=0)
+    with pytest.raises(ValueError, match=f"allowed: 1..{decode_cuda.MAX_SPLITS}"):
+        decode_cuda.attend_rotated_cuda(q, *args, num_splits=decode_cuda.MAX_SPLITS + 1)
 
 
 def test_supports_names_the_shapes_it_has():
