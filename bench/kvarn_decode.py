@@ -19,6 +19,9 @@
    kernel must read / 4.8 TB/s. Times are medians of triton's do_bench (L2 cleared before
    every call); single-sequence shapes take the median of --repeats such medians.
 3. Flush throughput and its steady-state cost per decode step.
+--cuda-sweep (before the table) times the CUDA kernel over split counts at
+CUDA_SWEEP_SHAPES (or --shapes), the first preset, every head dim, and records its
+default beside the best; --no-table stops after the sweeps.
 
 Targets are reported, not asserted: >= 60% of 4.8 TB/s at batch x context >= 1M tokens,
 <= 0.45x the fp16 kernel's time at 64x16K and <= 0.6x at 1x32K. The JSON is rewritten
@@ -88,6 +91,9 @@ SWEEP_GRID = {
     ],
 }
 SWEEP_PROGRAMS_PER_SM = [2, 4]
+# The CUDA kernel's launch knob: its split-K count (capped by a request's records).
+CUDA_SWEEP_SHAPES = [(64, 16384), (256, 8192), (1, 32768), (1, 4096)]
+CUDA_SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def bench(fn, repeats: int = 1) -> float:
@@ -145,7 +151,7 @@ class Run:
             "launch_defaults": LAUNCH_DEFAULTS, "sweep": [], "best_config": {},
             "cuda_library": str(decode_cuda.library_path()),
             "cuda_unavailable": decode_cuda.unavailable_reason(),
-            "decode": [], "flush": [], "truncated": False}
+            "cuda_sweep": [], "cuda_best": [], "decode": [], "flush": [], "truncated": False}
 
     def over_budget(self) -> bool:
         if self.args.budget_s and time.monotonic() - self.started > self.args.budget_s:
@@ -188,6 +194,47 @@ def cuda_ms(state, q, reps: int, triton_out) -> dict:
         return {"ms": bench(fn, reps), "splits": splits, "vs_triton_maxabs": diff}
     except RuntimeError as exc:
         return {"ms": None, "skipped": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def cuda_sweep(run: Run, D: int, shapes, preset: str) -> None:
+    """The CUDA kernel at every split count of the grid at each shape; each shape's
+    default and best go to results["cuda_best"]."""
+    p = Preset.parse(preset)
+    why = decode_cuda.unavailable_reason()
+    if why is None and not decode_cuda.supports(p, D, SWEEP_GQA):
+        why = f"no CUDA instance for {p.name}, D={D}"
+    if why is not None:
+        run.results["cuda_best"].append({"preset": p.name, "head_dim": D, "skipped": why})
+        return
+    for bsz, ctx in shapes:
+        if run.over_budget():
+            break
+        state = kvarn_state(p, bsz, ctx, D, run.dev)
+        kv, bt, st, seq, nf, read = state
+        q = torch.randn(bsz, 1, HEADS * SWEEP_GQA, D, device=run.dev, dtype=torch.float16)
+        nbytes = read + 2 * q.numel() * 2
+        reps = run.args.repeats if bsz == 1 else 1
+        records = max(1, int(nf.max()))
+        default = decode_cuda.default_splits(bsz, HEADS, bt.shape[1])
+        rows = []
+        for splits in sorted({*(s_ for s_ in CUDA_SWEEP_SPLITS if s_ <= records), default}):
+            t = bench(lambda: decode_cuda.attend_rotated_cuda(
+                q, kv, bt, st, seq, nf, num_splits=splits), reps)
+            row = {"preset": p.name, "head_dim": D, "batch": bsz, "context": ctx,
+                   "splits": splits, "ms": t, "pct_roofline": 100 * nbytes / HBM_BPS / (t * 1e-3),
+                   "default": splits == default}
+            rows.append(row)
+            run.results["cuda_sweep"].append(row)
+        best = min(rows, key=lambda r: r["ms"])
+        dflt = next(r for r in rows if r["default"])
+        summary = {"preset": p.name, "head_dim": D, "batch": bsz, "context": ctx,
+                   "default": {k: dflt[k] for k in ("splits", "ms", "pct_roofline")},
+                   "best": {k: best[k] for k in ("splits", "ms", "pct_roofline")},
+                   "roofline_ms": nbytes / HBM_BPS * 1e3}
+        run.results["cuda_best"].append(summary)
+        print(json.dumps(summary), flush=True)
+        del state, kv
+        run.save()
 
 
 def sweep(run: Run, D: int, shapes=SWEEP_SHAPES, grid=SWEEP_GRID,
@@ -385,6 +432,15 @@ def plan_combos(args) -> list[tuple[str, int]]:
 
 
 def print_table(results: dict) -> None:
+    for c in results["cuda_best"]:
+        if "skipped" in c:
+            print(f"cuda sweep {c['preset']} D={c['head_dim']}: skipped: {c['skipped']}")
+            continue
+        d, b = c["default"], c["best"]
+        print(f"cuda sweep {c['preset']} D={c['head_dim']} {c['batch']}x{c['context']}: "
+              f"default splits {d['splits']} {d['ms']:.4f} ms ({d['pct_roofline']:.1f}%), "
+              f"best splits {b['splits']} {b['ms']:.4f} ms ({b['pct_roofline']:.1f}%), "
+              f"roofline {c['roofline_ms']:.4f} ms")
     if results["best_config"]:
         print("best configurations (sweep at " + ", ".join(f"{b}x{c}" for b, c in SWEEP_SHAPES)
               + f", {PRESETS[0]}, GQA {SWEEP_GQA}):")
@@ -394,10 +450,11 @@ def print_table(results: dict) -> None:
     for D, sug in results.get("suggested_defaults", {}).items():
         print(f"suggested for kvarn.decode at D={D}: variant {sug['variant']!r}, "
               f"LAUNCH_DEFAULTS_BY_HEAD_DIM[({sug['variant']!r}, {D})] = {sug['launch']}")
-    print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
-          f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'cuda':>9} {'%roof':>5} "
-          f"{'cu/fp16':>7} {'old dflt':>9} {'+rot ms':>8} "
-          f"{'fp16trt':>8} {'sdpa':>7} {'torch':>7} {'roof ms':>7} {'kv/fp16':>7} best")
+    if results["decode"]:
+        print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
+              f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'cuda':>9} {'%roof':>5} "
+              f"{'cu/fp16':>7} {'old dflt':>9} {'+rot ms':>8} "
+              f"{'fp16trt':>8} {'sdpa':>7} {'torch':>7} {'roof ms':>7} {'kv/fp16':>7} best")
     for r in results["decode"]:
         plain = f"{r['torch_plain_ms']:.3f}" if r["torch_plain_ms"] else "-"
         var = r["variants"]
@@ -480,6 +537,11 @@ def main() -> None:
                     help="no sweep: every variant at its launch defaults; fp16 untuned")
     ap.add_argument("--budget-s", type=float, default=0,
                     help="stop adding table rows and flush runs after this many seconds")
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="first time the CUDA kernel over split counts at --shapes (default: " +
+                         " ".join(f"{b}x{c}" for b, c in CUDA_SWEEP_SHAPES) + ")")
+    ap.add_argument("--no-table", action="store_true",
+                    help="stop after the sweeps (no table, no flush)")
     ap.add_argument("--prewarm-only", action="store_true",
                     help="only compile the kernels' sweep grids, in --workers processes")
     ap.add_argument("--workers", type=int, default=8)
@@ -519,6 +581,14 @@ def main() -> None:
         for D in args.head_dims:
             sweep(run, D, shapes, {v: g[:2] for v, g in SWEEP_GRID.items()}, [2],
                   args.presets[0])
+    if args.cuda_sweep:
+        sweep_shapes = shapes if args.shapes or args.smoke else CUDA_SWEEP_SHAPES
+        for D in args.head_dims:
+            cuda_sweep(run, D, sweep_shapes, args.presets[0])
+    if args.no_table:
+        run.save()
+        print_table(run.results)
+        return
     ref_ms = {}
     # Most wanted rows first, so a --budget-s cut loses the least: the default preset at
     # the first GQA ratio and the target shapes, every head dim, then the rest.

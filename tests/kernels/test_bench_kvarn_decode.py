@@ -55,6 +55,25 @@ def test_smoke_sweep_times_every_config_and_picks_a_best_one(tmp_path):
     assert "best configurations" in run.stdout
 
 
+def test_cuda_sweep_alone_reports_each_shape_or_why_it_could_not_run(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--cuda-sweep", "--no-table", "--presets",
+         "kvarn_k4v2_g128", "--head-dims", "128", "--shapes", "1x700", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["decode"] == [] and result["flush"] == []  # --no-table
+    (best,) = result["cuda_best"]
+    if result["cuda_unavailable"]:  # a CPU box: the reason is recorded and printed
+        assert best["skipped"] == result["cuda_unavailable"]
+        assert result["cuda_sweep"] == [] and "skipped: " in run.stdout
+    else:  # every split count timed, the default among them, the best the fastest
+        times = [r["ms"] for r in result["cuda_sweep"]]
+        assert best["best"]["ms"] == min(times) <= best["default"]["ms"]
+        assert sum(r["default"] for r in result["cuda_sweep"]) == 1
+
+
 def test_bad_arguments_are_refused_naming_what_is_allowed():
     run = subprocess.run([sys.executable, str(BENCH), "--head-dims", "96"],
                          capture_output=True, text=True, timeout=300)
