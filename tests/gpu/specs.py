@@ -100,6 +100,18 @@ def speed_shapes(value: str | None = None) -> tuple[list[int], list[int]]:
 
 
 SPEED_BATCHES, SPEED_CONTEXTS = speed_shapes()
+HBM_BYTES_PER_S = 4.8e12  # the H200's datasheet bandwidth, the roofline of the speed table
+
+
+def kv_bytes_per_step(head_bytes_per_token: float, batch: int, context: int,
+                      model: str = "large") -> float:
+    """Bytes of KV cache one decode step must read on a kiln.tinymodel size: every
+    layer's keys and values of every request's context (head_bytes_per_token: K and V
+    of one token and KV head, e.g. 4 * head_dim for bf16)."""
+    from kiln.tinymodel import PRESETS as SIZES
+
+    size = SIZES[model]
+    return head_bytes_per_token * size["num_kv_heads"] * size["num_layers"] * batch * context
 
 SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{name: ("spec_decode", "copy128", spec) for name, spec in SPEC_RUNS.items()},

@@ -1,7 +1,7 @@
 """The hybrid model, `vllm serve` with --api-key, and the decode-speed table."""
 import pytest
 
-from tests.gpu.specs import SPEED_BATCHES, SPEED_CONTEXTS
+from tests.gpu.specs import HBM_BYTES_PER_S, SPEED_BATCHES, SPEED_CONTEXTS, kv_bytes_per_step
 
 
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
@@ -45,13 +45,20 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
     from vllm.kvarn import Preset, decode_cuda
 
     runs = {name: scenario(name) for name in SPEED}
+    # K and V bytes per token and KV head (head_dim 128): bf16, fp8, the KVarN record
+    head_bytes = {"speed-auto": 4 * 128, "speed-fp8": 2 * 128,
+                  "speed-kvarn_k4v2_g128": Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)}
     for name, run in runs.items():
         assert len(run["table"]) == len(SPEED_BATCHES) * len(SPEED_CONTEXTS), name
         for row in run["table"]:
             # A non-positive step means the two timed runs measured something else.
             assert row["ms_per_step"] > 0, (name, row)
+            kv = kv_bytes_per_step(head_bytes[name], row["batch"], row["context"])
             print(f"{name}: batch {row['batch']} x {row['context']}: "
-                  f"{row['tokens_per_s']:.0f} tokens/s ({row['ms_per_step']:.2f} ms/step)")
+                  f"{row['tokens_per_s']:.0f} tokens/s ({row['ms_per_step']:.2f} ms/step); "
+                  f"KV bytes per step {kv / 1e9:.2f} GB, "
+                  f"{100 * kv / HBM_BYTES_PER_S / (row['ms_per_step'] * 1e-3):.1f}% of its "
+                  f"roofline at 4.8 TB/s")
     # The wheel's CUDA decode kernel serves KVarN wherever the wheel carries it.
     kernel = runs["speed-kvarn_k4v2_g128"]["decode_kernel"]
     print("\n".join(kernel))
