@@ -958,7 +958,7 @@ int kvarn_decode_launch(const void* q, int q_dtype, const void* cache, const voi
   p.Q = q_len;
   p.HPG = num_q_heads / num_kv_heads;
   p.splits = splits;
-  p.parts = splits > 1 ? splits + 1 : 1;
+  p.parts = max(1, kvarn_decode_partials(splits));  // the layout callers size buffers by
   p.q_dtype = q_dtype;
   p.qk_scale = qk_scale;
   p.nstage = 0;
