@@ -274,28 +274,34 @@ def dequantize_blocks(kv: PagedKV, block_ids: torch.Tensor
 
 def gather_request(kv: PagedKV, b: int, block_table: torch.Tensor, side_table: torch.Tensor,
                    seq_len: int, num_flushed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All seq_len rotated K/V rows of request b as fp32 [L, H, D]."""
+    """All seq_len rotated K/V rows of request b as fp32 [L, H, D]: logical block 0 (the
+    sink) and blocks past num_flushed from the side pool, blocks 1..num_flushed records.
+    One gather per pool, so that references over long contexts stay quick on a GPU."""
     g = kv.preset.group
-    ks, vs = [], []
-    for blk in range((seq_len + g - 1) // g):
-        n = min(g, seq_len - blk * g)
-        if 1 <= blk <= num_flushed:
-            pid = int(block_table[b, blk])
-            kv.check_ids(torch.tensor([pid]), kv.cache.shape[0], "block table entry")
-            k, v = decode_tiles(kv.cache[pid], kv.preset, kv.head_dim)  # [H, G, D]
-            k, v = k.transpose(0, 1), v.transpose(0, 1)
-        else:
-            j = 0 if blk == 0 else blk - num_flushed
-            if j >= side_table.shape[1]:
-                raise IndexError(f"request {b}: block {blk} needs side table column {j}, "
-                                 f"width is {side_table.shape[1]}")
-            sid = int(side_table[b, j])
-            kv.check_ids(torch.tensor([sid]), kv.side.shape[0], "side table entry")
-            k = kv.side[sid, 0].transpose(0, 1).float()
-            v = kv.side[sid, 1].transpose(0, 1).float()
-        ks.append(k[:n])
-        vs.append(v[:n])
-    return torch.cat(ks), torch.cat(vs)
+    n_blocks = (seq_len + g - 1) // g
+    n_rec = min(num_flushed, max(0, n_blocks - 1))
+    n_side = n_blocks - n_rec  # the sink, then the tail from block n_rec + 1
+    if n_side > side_table.shape[1]:
+        raise IndexError(f"request {b}: block {n_blocks - 1} needs side table column "
+                         f"{n_side - 1}, width is {side_table.shape[1]}")
+    sid = side_table[b, :n_side]
+    kv.check_ids(sid, kv.side.shape[0], "side table entry")
+    side = kv.side[sid.long()].float()  # [S, 2, H, G, D]
+    ks, vs = [side[:1, 0]], [side[:1, 1]]
+    if n_rec:
+        pid = block_table[b, 1:n_rec + 1]
+        kv.check_ids(pid, kv.cache.shape[0], "block table entry")
+        k, v = decode_tiles(kv.cache[pid.long()], kv.preset, kv.head_dim)  # [F, H, G, D]
+        ks.append(k)
+        vs.append(v)
+    ks.append(side[1:, 0])
+    vs.append(side[1:, 1])
+
+    def rows(blocks: list[torch.Tensor]) -> torch.Tensor:  # [N, H, G, D] -> [N*G, H, D]
+        x = torch.cat(blocks).transpose(1, 2)
+        return x.reshape(-1, *x.shape[2:])[:seq_len]
+
+    return rows(ks), rows(vs)
 
 
 def paged_attention(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
