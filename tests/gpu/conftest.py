@@ -5,7 +5,9 @@ Tests name the scenarios they read (``@pytest.mark.scenarios``); the session bui
 the models those need with ``kiln.tinymodel``, runs every needed scenario as its own
 process (side by side, except the ``exclusive`` speed runs, which go one at a time
 after the rest), and writes all results to ``$KILN_GPU_RESULTS/gpu-results.json`` plus
-the scenarios' logs as one tarball.
+the scenarios' logs as one tarball. The speed runs read $KILN_GPU_SPEED_SHAPES (which
+batch x context pairs) and $KILN_GPU_SPEED_PROFILE (decode steps to profile after the
+table; tests/gpu/specs.py says what each allows).
 """
 from __future__ import annotations
 

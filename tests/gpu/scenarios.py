@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -351,13 +352,20 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
     """Decode tokens/s at each batch x context on the larger model, alone on the GPU:
     one prefill of the longest prompts, then for each shape a warm-up, a 1-token and a
     129-token generation over prefix-cache hits; decode = batch x 128 / their time
-    difference. The warm-up takes the shape's Triton JIT compiles out of the timing."""
+    difference. The warm-up takes the shape's Triton JIT compiles out of the timing.
+    With spec["profile_steps"], that many decode steps of the largest shape run under
+    vLLM's torch profiler afterwards (the profiler idles through the timed runs)."""
     rng = random.Random(11)
     vocab = _vocab(spec["model"])
     batches, contexts = spec["batches"], spec["contexts"]
     longest = max(contexts)
     seqs = [_random_ids(rng, longest, vocab) for _ in range(max(batches))]
-    llm = _llm(spec, max_num_seqs=max(batches))
+    steps = spec.get("profile_steps", 0)
+    trace_dir = Path(tempfile.mkdtemp(prefix="kiln-speed-profile-")) if steps else None
+    profiler = {"profiler_config": {
+        "profiler": "torch", "torch_profiler_dir": str(trace_dir),
+        "torch_profiler_with_stack": False, "ignore_frontend": True}} if steps else {}
+    llm = _llm(spec, max_num_seqs=max(batches), **profiler)
     started = time.perf_counter()
     _generate(llm, seqs, _greedy(1))
     prefill_s = time.perf_counter() - started
@@ -374,9 +382,30 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
             step = (times[129] - times[1]) / 128
             table.append({"batch": batch, "context": ctx, "ms_per_step": step * 1e3,
                           "tokens_per_s": batch / step})
-    return {"prefill_tokens": len(seqs) * longest, "prefill_s": prefill_s, "table": table,
-            "decode_kernel": [line for line in _log_lines() if "KVarN decode kernel" in line],
-            **_pool(llm)}
+    result = {"prefill_tokens": len(seqs) * longest, "prefill_s": prefill_s, "table": table,
+              "decode_kernel": [line for line in _log_lines() if "KVarN decode kernel" in line],
+              **_pool(llm)}
+    if steps:
+        ids = [s[:longest] for s in seqs[:max(batches)]]
+        result["profile"] = _profiled_decode(llm, ids, steps, trace_dir)
+    return result
+
+
+def _profiled_decode(llm, ids: list[list[int]], steps: int, trace_dir: Path) -> dict[str, Any]:
+    """``steps`` decode steps over ``ids`` (prefix-cache hits) under the torch profiler:
+    the prefill step of the uncached tail and the first decode step are skipped, then
+    the worker writes its table of kernels by device time."""
+    llm.start_profile(delay_iterations=2, max_iterations=steps)
+    started = time.perf_counter()
+    _generate(llm, ids, _greedy(steps + 3, ignore_eos=True))
+    seconds = time.perf_counter() - started
+    llm.stop_profile()  # ignored by the worker once max_iterations stopped it
+    tables = sorted(trace_dir.glob("*.profiler_out.txt"))
+    if not tables:
+        return {"steps": steps, "error": f"the profiler wrote no table under {trace_dir}: "
+                                         f"{sorted(p.name for p in trace_dir.iterdir())}"}
+    return {"steps": steps, "batch": len(ids), "context": len(ids[0]),
+            "generate_s": seconds, "table": tables[0].read_text()}
 
 
 def _speculative(spec: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ scenario's (function in scenarios.py, model, spec)."""
 from __future__ import annotations
 
 import os
+import re
 
 GIB = 1 << 30
 COPY_PERIOD = 257
@@ -99,7 +100,33 @@ def speed_shapes(value: str | None = None) -> tuple[list[int], list[int]]:
     return sorted({b for b, _ in pairs}), sorted({c for _, c in pairs})
 
 
+def speed_profile_steps(value: str | None = None) -> int:
+    """Decode steps the speed runs profile after their table ($KILN_GPU_SPEED_PROFILE;
+    0, the default, profiles none): the largest shape under vLLM's torch profiler."""
+    value = os.environ.get("KILN_GPU_SPEED_PROFILE", "") if value is None else value
+    if not value.strip():
+        return 0
+    if not value.strip().isdigit() or int(value) > 256:
+        raise ValueError(f"KILN_GPU_SPEED_PROFILE={value!r}: allowed: a step count "
+                         "0..256 (0 profiles nothing)")
+    return int(value)
+
+
+PROFILE_TOTAL = re.compile(r"^Self (CPU|CUDA) time total: ([0-9.]+)(s|ms|us)$", re.M)
+
+
+def profiled_time_us(table: str, kind: str = "CUDA") -> float | None:
+    """The "Self CUDA (or CPU) time total" at the foot of a torch profiler table, in us;
+    None where the table has no such line (no device activity was recorded)."""
+    unit = {"s": 1e6, "ms": 1e3, "us": 1.0}
+    for found, number, suffix in PROFILE_TOTAL.findall(table):
+        if found == kind:
+            return float(number) * unit[suffix]
+    return None
+
+
 SPEED_BATCHES, SPEED_CONTEXTS = speed_shapes()
+SPEED_PROFILE_STEPS = speed_profile_steps()
 HBM_BYTES_PER_S = 4.8e12  # the H200's datasheet bandwidth, the roofline of the speed table
 
 
@@ -141,6 +168,6 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{f"speed-{dt}": ("speed", "large", dict(
         kv_cache_dtype=dt, mode="graphs", gpu_memory_utilization=0.85,
         max_model_len=16384 + 256, batches=SPEED_BATCHES, contexts=SPEED_CONTEXTS,
-        exclusive=True))
+        profile_steps=SPEED_PROFILE_STEPS, exclusive=True))
        for dt in ("auto", "fp8", "kvarn_k4v2_g128")},
 }

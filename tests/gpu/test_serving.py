@@ -1,7 +1,8 @@
 """The hybrid model, `vllm serve` with --api-key, and the decode-speed table."""
 import pytest
 
-from tests.gpu.specs import HBM_BYTES_PER_S, SPEED_BATCHES, SPEED_CONTEXTS, kv_bytes_per_step
+from tests.gpu.specs import (HBM_BYTES_PER_S, SPEED_BATCHES, SPEED_CONTEXTS, kv_bytes_per_step,
+                             profiled_time_us)
 
 
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
@@ -59,6 +60,8 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
                   f"KV bytes per step {kv / 1e9:.2f} GB, "
                   f"{100 * kv / HBM_BYTES_PER_S / (row['ms_per_step'] * 1e-3):.1f}% of its "
                   f"roofline at 4.8 TB/s")
+        if "profile" in run:
+            print_profile(name, run["profile"], run["table"])
     # The wheel's CUDA decode kernel serves KVarN wherever the wheel carries it.
     kernel = runs["speed-kvarn_k4v2_g128"]["decode_kernel"]
     print("\n".join(kernel))
@@ -68,3 +71,18 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
     ideal = 4 * 128 / Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)
     assert runs["speed-kvarn_k4v2_g128"]["pool_tokens"] / bf16 >= 0.85 * ideal
     assert runs["speed-fp8"]["pool_tokens"] / bf16 >= 0.85 * 2.0
+
+
+def print_profile(name: str, profile: dict, table: list[dict]) -> None:
+    """The profiled decode steps: GPU time per step against the timed step at that shape
+    (the difference is time the GPU waited on the host), then the top kernels."""
+    assert "error" not in profile, (name, profile["error"])
+    busy_us = profiled_time_us(profile["table"])
+    assert busy_us, (name, "the profile recorded no device time", profile["table"][-400:])
+    timed = next(r for r in table if (r["batch"], r["context"]) ==
+                 (profile["batch"], profile["context"]))
+    busy_ms = busy_us / 1e3 / profile["steps"]
+    print(f"{name}: profiled {profile['steps']} steps at {profile['batch']} x "
+          f"{profile['context']}: GPU busy {busy_ms:.2f} ms per step of the timed "
+          f"{timed['ms_per_step']:.2f} ms")
+    print("\n".join(profile["table"].splitlines()[:40]))

@@ -1,7 +1,9 @@
-"""The GPU tier's run selection that is read on the CPU: the speed runs' shapes."""
+"""The GPU tier's run selection that is read on the CPU: the speed runs' shapes and
+profile, and the profiler table's total."""
 import pytest
 
-from tests.gpu.specs import SCENARIOS, kv_bytes_per_step, speed_shapes
+from tests.gpu.specs import (SCENARIOS, kv_bytes_per_step, profiled_time_us, speed_profile_steps,
+                             speed_shapes)
 
 
 def test_speed_shapes_default_to_the_full_table():
@@ -33,3 +35,33 @@ def test_kv_bytes_per_step_count_every_layer_head_and_token_of_the_large_model()
     assert kv_bytes_per_step(4 * 128, 64, 16384) == 512 * 8 * 8 * 64 * 16384
     assert kv_bytes_per_step(4 * 128, 64, 16384) / 1e9 == pytest.approx(34.36, abs=0.01)
     assert kv_bytes_per_step(108, 1, 4096) == 108 * 8 * 8 * 4096
+
+
+def test_speed_profile_is_off_unless_asked_for():
+    assert speed_profile_steps("") == 0
+    assert speed_profile_steps(" 16 ") == 16
+    for name in ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128"):
+        assert SCENARIOS[name][2]["profile_steps"] == speed_profile_steps()
+
+
+@pytest.mark.parametrize("bad", ["-1", "257", "1.5", "sixteen"])
+def test_bad_speed_profile_steps_name_what_is_allowed(bad):
+    with pytest.raises(ValueError, match="allowed: a step count 0..256"):
+        speed_profile_steps(bad)
+
+
+def test_profiled_time_reads_the_foot_of_a_real_profiler_table():
+    # the table vLLM's torch profiler writes is key_averages().table(); on this CPU it
+    # records CPU time only, so the CUDA total is absent
+    torch = pytest.importorskip("torch")
+    x = torch.randn(256, 256)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            x = torch.tanh(x @ x)
+    averages = prof.key_averages()
+    table = averages.table(sort_by="self_cpu_time_total")
+    total_us = sum(e.self_cpu_time_total for e in averages)
+    assert profiled_time_us(table, "CPU") == pytest.approx(total_us, rel=1e-3, abs=1.0)
+    assert profiled_time_us(table, "CUDA") is None
+    assert profiled_time_us("Self CUDA time total: 12.500ms\n") == 12500.0
+    assert profiled_time_us("Self CUDA time total: 1.250s") == 1.25e6
