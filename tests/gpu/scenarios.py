@@ -21,6 +21,7 @@ from typing import Any
 
 GIB = 1 << 30
 SPECIAL_IDS = 3  # the tiny models' tokenizers put their special tokens first
+PROFILE_DELAY_STEPS = 4
 
 
 def _mode_kwargs(mode: str) -> dict[str, Any]:
@@ -393,11 +394,12 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _profiled_decode(llm, ids: list[list[int]], steps: int, trace_dir: Path) -> dict[str, Any]:
     """``steps`` decode steps over ``ids`` (prefix-cache hits) under the torch profiler:
-    the prefill step of the uncached tail and the first decode step are skipped, then
-    the worker writes its table of kernels by device time."""
-    llm.start_profile(delay_iterations=2, max_iterations=steps)
+    the first engine steps (the uncached tail's prefill, the first decodes) are skipped,
+    then the worker writes its table of kernels by device time, which names the steps
+    it covers."""
+    llm.start_profile(delay_iterations=PROFILE_DELAY_STEPS, max_iterations=steps)
     started = time.perf_counter()
-    _generate(llm, ids, _greedy(steps + 3, ignore_eos=True))
+    _generate(llm, ids, _greedy(PROFILE_DELAY_STEPS + steps + 2, ignore_eos=True))
     seconds = time.perf_counter() - started
     llm.stop_profile()  # ignored by the worker once max_iterations stopped it
     tables = sorted(trace_dir.glob("*.profiler_out.txt"))

@@ -125,6 +125,16 @@ def profiled_time_us(table: str, kind: str = "CUDA") -> float | None:
     return None
 
 
+PROFILE_STEP = re.compile(
+    r"^\s*(execute_context_\d+\(\d+\)_generation_\d+\(\d+\))\s.*?(\d+)\s*$", re.M)
+
+
+def profiled_steps(table: str) -> dict[str, int]:
+    """The engine steps a torch profiler table covers, by vLLM's per-step annotation
+    ("execute_context_C(tokens)_generation_G(tokens)", its "# of Calls" column)."""
+    return {name: int(calls) for name, calls in PROFILE_STEP.findall(table)}
+
+
 SPEED_BATCHES, SPEED_CONTEXTS = speed_shapes()
 SPEED_PROFILE_STEPS = speed_profile_steps()
 HBM_BYTES_PER_S = 4.8e12  # the H200's datasheet bandwidth, the roofline of the speed table

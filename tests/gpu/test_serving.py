@@ -2,7 +2,7 @@
 import pytest
 
 from tests.gpu.specs import (HBM_BYTES_PER_S, SPEED_BATCHES, SPEED_CONTEXTS, kv_bytes_per_step,
-                             profiled_time_us)
+                             profiled_steps, profiled_time_us)
 
 
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
@@ -74,15 +74,16 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
 
 
 def print_profile(name: str, profile: dict, table: list[dict]) -> None:
-    """The profiled decode steps: GPU time per step against the timed step at that shape
-    (the difference is time the GPU waited on the host), then the top kernels."""
+    """The profiled engine steps (by vLLM's step annotations): GPU time per step against
+    the timed step at that shape (the difference is time the GPU waited on the host),
+    then the top kernels."""
     assert "error" not in profile, (name, profile["error"])
     busy_us = profiled_time_us(profile["table"])
     assert busy_us, (name, "the profile recorded no device time", profile["table"][-400:])
+    steps = profiled_steps(profile["table"]) or {"(no step annotations)": profile["steps"]}
     timed = next(r for r in table if (r["batch"], r["context"]) ==
                  (profile["batch"], profile["context"]))
-    busy_ms = busy_us / 1e3 / profile["steps"]
-    print(f"{name}: profiled {profile['steps']} steps at {profile['batch']} x "
-          f"{profile['context']}: GPU busy {busy_ms:.2f} ms per step of the timed "
-          f"{timed['ms_per_step']:.2f} ms")
+    busy_ms = busy_us / 1e3 / sum(steps.values())
+    print(f"{name}: profiled at {profile['batch']} x {profile['context']}: {steps}; GPU "
+          f"busy {busy_ms:.2f} ms per step, the timed step {timed['ms_per_step']:.2f} ms")
     print("\n".join(profile["table"].splitlines()[:40]))

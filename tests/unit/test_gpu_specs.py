@@ -2,8 +2,8 @@
 profile, and the profiler table's total."""
 import pytest
 
-from tests.gpu.specs import (SCENARIOS, kv_bytes_per_step, profiled_time_us, speed_profile_steps,
-                             speed_shapes)
+from tests.gpu.specs import (SCENARIOS, kv_bytes_per_step, profiled_steps, profiled_time_us,
+                             speed_profile_steps, speed_shapes)
 
 
 def test_speed_shapes_default_to_the_full_table():
@@ -65,3 +65,17 @@ def test_profiled_time_reads_the_foot_of_a_real_profiler_table():
     assert profiled_time_us(table, "CUDA") is None
     assert profiled_time_us("Self CUDA time total: 12.500ms\n") == 12500.0
     assert profiled_time_us("Self CUDA time total: 1.250s") == 1.25e6
+
+
+def test_profiled_steps_read_vllms_step_annotations_from_a_real_table():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(64, 64)
+    steps = {"execute_context_1(129)_generation_0(0)": 1,
+             "execute_context_0(0)_generation_64(64)": 3}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for name, calls in steps.items():
+            for _ in range(calls):
+                with torch.profiler.record_function(name):
+                    x = torch.tanh(x @ x)
+    assert profiled_steps(prof.key_averages().table(sort_by="self_cpu_time_total")) == steps
+    assert profiled_steps("Self CPU time total: 1.000ms") == {}
