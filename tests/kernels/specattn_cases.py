@@ -1,6 +1,7 @@
 """Random paged caches in upstream's TRITON_ATTN layouts, for the verify kernel tests."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -11,6 +12,13 @@ from specattn import reference as ref
 
 ON_GPU = torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET")
 DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def has_upstream_vllm() -> bool:
+    """Whether an installed vLLM (the fork wheel) is importable: the checkout's own
+    vllm/ overlay folder, on sys.path in this tier, is a namespace package without it."""
+    return importlib.util.find_spec("vllm") is not None and \
+        importlib.util.find_spec("vllm.platforms") is not None
 
 # name -> (mode, entry dtype of the writer, upstream --kv-cache-dtype)
 DTYPES = {

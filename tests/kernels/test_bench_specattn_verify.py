@@ -1,7 +1,6 @@
 """bench/specattn_verify.py runs end to end (--smoke: tiny fp16 shapes, the interpreter on
 a CPU), against both upstream paths where vLLM is installed, so a GPU session never
 spends device time on a benchmark that no longer starts."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,13 +8,14 @@ import sys
 from pathlib import Path
 
 import torch
+from specattn_cases import has_upstream_vllm
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "specattn_verify.py"
 
 
 def test_smoke_run_writes_a_complete_table(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    has_vllm = importlib.util.find_spec("vllm") is not None
+    has_vllm = has_upstream_vllm()
     args = [sys.executable, str(BENCH), "--smoke", "--dtypes", "float16", "int4_per_token_head",
             "--json", str(tmp_path / "bench.json")]
     if has_vllm:

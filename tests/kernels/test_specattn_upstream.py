@@ -10,7 +10,6 @@ is set and empty, so the comparison runs in a child process started that way.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,7 +24,8 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 from specattn import CACHE_DTYPES, PagedCache, verify_attention  # noqa: E402
 from specattn import reference as ref  # noqa: E402
-from specattn_cases import DEVICE, ON_GPU, relative_errors, scratch  # noqa: E402
+from specattn_cases import (DEVICE, ON_GPU, has_upstream_vllm, relative_errors,  # noqa: E402
+                            scratch)
 
 H_KV, GQA, D, PAGE = 2, 4, 64, 16
 DTYPES = ["float16", "fp8", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"]
@@ -124,7 +124,7 @@ def compare(kv_cache_dtype: str) -> dict[str, list[float]] | str:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if importlib.util.find_spec("vllm") is None:
+    if not has_upstream_vllm():
         pytest.skip("needs the installed fork wheel")
     env = dict(os.environ)
     if not ON_GPU:
