@@ -6,6 +6,9 @@
 #              ones in one process (4 and 8 xdist workers sharing the GPU finished 22-29
 #              of 78 in 200-240 s, each test's reference encode slowed by the others),
 #              beside them the Triton agreement ones, whose compiles take minutes
+#   triton     every other kernel test (the Triton kernels at every preset and D up to
+#              512, flush, plan, side pool, specattn) in four shards, in the background
+#              from the start, so its compiles overlap the steps above
 #   sanitizer  compute-sanitizer memcheck and racecheck on small launches
 #   sweep      the kernel over split counts (bench/kvarn_decode.py --cuda-sweep), D=128
 #              and 256, k4v2_g128
@@ -15,22 +18,22 @@
 #   ncu        Nsight Compute on chosen launches (KILN_NCU_LAUNCHES, "D:BxL" items,
 #              default "128:64x16384 256:64x16384 128:1x32768"), kernel and combine
 #   bash bench/kvarn_cuda_gpu_run.sh OUT_DIR [STEP ... | all | correctness | timing]
-# correctness = build tests sanitizer, timing = sweep table ncu (after correctness, into
+# correctness = build tests triton sanitizer, timing = sweep table ncu (after correctness, into
 # the same OUT_DIR), so other GPU work can run beside the first and not the second.
 # Each step has its own time limit; a failed step does not stop the later ones.
-# Writes OUT_DIR/summary.txt, build.log, tests.log, tests_triton.log, sanitizer.txt, sweep.json, sweep.txt,
-# bench_cuda.json, bench_cuda.txt, bench_d512.json, ncu.txt.
+# Writes OUT_DIR/summary.txt, build.log, tests.log, tests_triton.log, triton_shards.log,
+# sanitizer.txt, sweep.json, sweep.txt, bench_cuda.json, bench_cuda.txt, bench_d512.json, ncu.txt.
 set -u
 OUT=${1:?usage: bash bench/kvarn_cuda_gpu_run.sh OUT_DIR [STEP ... | all | correctness | timing]}
 shift
 STEPS=()
 for arg in "${@:-all}"; do
   case "$arg" in
-    all) STEPS+=(build tests sanitizer sweep table ncu) ;;
-    correctness) STEPS+=(build tests sanitizer) ;;
+    all) STEPS+=(build tests triton sanitizer sweep table ncu) ;;
+    correctness) STEPS+=(build tests triton sanitizer) ;;
     timing) STEPS+=(sweep table ncu) ;;
-    build | tests | sanitizer | sweep | table | ncu) STEPS+=("$arg") ;;
-    *) echo "step $arg: allowed: build tests sanitizer sweep table ncu, all, correctness," \
+    build | tests | triton | sanitizer | sweep | table | ncu) STEPS+=("$arg") ;;
+    *) echo "step $arg: allowed: build tests triton sanitizer sweep table ncu, all, correctness," \
          "timing" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +51,24 @@ note() {  # step name, rc, start time
   echo "$1: rc $2, $(($(date +%s) - $3)) s" >> "$SUMMARY"
 }
 wants() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+SHARD_PIDS=()
+if wants triton; then
+  TS=$(date +%s)
+  DECODE=tests/kernels/test_kvarn_decode.py
+  shard() {  # name, pytest arguments...
+    local name=$1
+    shift
+    timeout 420 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short --timeout 300 "$@" \
+      > "$OUT/shard.$name.log" 2>&1
+    echo "== shard $name: rc $?" >> "$OUT/shard.$name.log"
+  }
+  shard every_dim "$DECODE" -k every_preset & SHARD_PIDS+=($!)
+  shard sweep "$DECODE" -k test_decode_sweep & SHARD_PIDS+=($!)
+  shard rest "$DECODE" -k "not every_preset and not test_decode_sweep" & SHARD_PIDS+=($!)
+  shard other tests/kernels --ignore="$DECODE" --ignore=tests/kernels/test_kvarn_decode_cuda.py \
+    --ignore=tests/kernels/test_bench_kvarn_decode.py & SHARD_PIDS+=($!)
+fi
 
 if wants build; then
   S=$(date +%s)
@@ -168,6 +189,13 @@ EOF
   done
   grep -E "^launch D=|kvarn_[a-z]+_kernel|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Block Limit Reg|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Warp Cycles Per Issued|Executed Instructions  |L2 Hit Rate" \
     "$OUT/ncu.txt" >> "$SUMMARY"
+fi
+if [ "${#SHARD_PIDS[@]}" -gt 0 ]; then
+  wait "${SHARD_PIDS[@]}"
+  cat "$OUT"/shard.*.log > "$OUT/triton_shards.log" && rm -f "$OUT"/shard.*.log
+  note triton 0 "$TS"
+  grep -E "^== shard|^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/triton_shards.log" \
+    | tail -n 30 >> "$SUMMARY"
 fi
 echo "total: $(($(date +%s) - T0)) s" >> "$SUMMARY"
 cat "$SUMMARY"
