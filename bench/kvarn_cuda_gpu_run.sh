@@ -13,7 +13,9 @@
 #   sweep      the kernel over split counts (bench/kvarn_decode.py --cuda-sweep), D=128
 #              and 256, k4v2_g128
 #   table      the decode table: every preset at D=128 and 256 with "cuda" beside the
-#              Triton kernels, fp16 Triton, SDPA, the plain torch path and the roofline;
+#              Triton kernels, fp16 Triton, SDPA, upstream's FA3 (when $KILN_FA3, default
+#              build/fa3/0.33.0, holds `bench/kvarn_decode.py --extract-fa3 build/fa3`'s
+#              output: carry build/fa3), the plain torch path and the roofline;
 #              then D=512 (Triton only: the CUDA kernel has no D=512 instance)
 #   ncu        Nsight Compute on chosen launches (KILN_NCU_LAUNCHES, "D:BxL" items,
 #              default "128:64x16384 256:64x16384 128:1x32768"), kernel and combine
@@ -144,12 +146,15 @@ if wants sweep; then
 fi
 
 if wants table; then
+  FA3=${KILN_FA3:-build/fa3/0.33.0}
+  FA3_ARGS=()
+  if [ -d "$FA3" ]; then FA3_ARGS=(--fa3 "$FA3"); fi
   S=$(date +%s)
   timeout 200 "$PY" bench/kvarn_decode.py --no-tune --head-dims 128 256 --gqa 4 \
-    --shapes 64x16384 256x8192 1x32768 1x4096 --repeats 3 --budget-s 170 \
+    --shapes 64x16384 256x8192 1x32768 1x4096 --repeats 3 --budget-s 170 "${FA3_ARGS[@]}" \
     --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
   note table $? "$S"
-  grep -A 40 "^preset " "$OUT/bench_cuda.txt" >> "$SUMMARY"
+  grep -A 42 "^preset " "$OUT/bench_cuda.txt" >> "$SUMMARY"
   S=$(date +%s)
   timeout 80 "$PY" bench/kvarn_decode.py --no-tune --presets kvarn_k4v2_g128 --head-dims 512 \
     --gqa 4 --shapes 64x16384 1x32768 --repeats 3 --budget-s 60 \

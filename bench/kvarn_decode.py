@@ -1,6 +1,8 @@
 """KVarN decode attention and flush on a GPU, against fp16 paged decode baselines.
 
     python bench/kvarn_decode.py [--json FILE] [--presets ...] [--head-dims ...] [--no-tune]
+        [--fa3 DIR/0.33.0]
+    python bench/kvarn_decode.py --extract-fa3 DIR   # upstream's FA3, from the pinned wheel
     TRITON_INTERPRET=1 python bench/kvarn_decode.py --smoke   # CPU: the code path, no speed
 
 1. Sweep (unless --no-tune): both decode kernels ("prefetch", the old default, and
@@ -15,7 +17,9 @@
    (``kvarn.decode_cuda``, "cuda": the library from $KVARN_CUDA_LIB or next to the
    package; its rows say why when it cannot run, e.g. on a CPU), side by side with a
    Triton fp16 paged decode (bench/_fp16_paged_decode.py), torch SDPA (enable_gqa) over
-   contiguous fp16 K/V, a plain torch paged reference, and the roofline: all bytes the
+   contiguous fp16 K/V, a plain torch paged reference, upstream's FlashAttention-3 paged
+   decode over the same values in bf16 (vLLM's default bf16 attention on Hopper; with
+   --fa3, see bench/_fa3_upstream.py), and the roofline: all bytes the
    kernel must read / 4.8 TB/s. Times are medians of triton's do_bench (L2 cleared before
    every call); single-sequence shapes take the median of --repeats such medians.
 3. Flush throughput and its steady-state cost per decode step.
@@ -40,6 +44,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -49,6 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _fa3_upstream  # noqa: E402
 from _fp16_paged_decode import fp16_paged_decode  # noqa: E402
 from kvarn import HEAD_DIMS, PagedKV, Preset  # noqa: E402
 from kvarn import decode_cuda  # noqa: E402
@@ -152,6 +158,8 @@ class Run:
             "cuda_library": str(decode_cuda.library_path()),
             "cuda_unavailable": decode_cuda.unavailable_reason(),
             "cuda_sweep": [], "cuda_best": [], "decode": [], "flush": [], "truncated": False}
+        self.fa3 = _fa3_upstream.load(args.fa3)
+        self.results["fa3_unavailable"] = self.fa3 if isinstance(self.fa3, str) else None
 
     def over_budget(self) -> bool:
         if self.args.budget_s and time.monotonic() - self.started > self.args.budget_s:
@@ -292,7 +300,7 @@ def sweep(run: Run, D: int, shapes=SWEEP_SHAPES, grid=SWEEP_GRID,
 
 
 def fp16_baseline(r: dict, q, bsz: int, ctx: int, gqa: int, D: int, g: int, tune: bool,
-                  dev: str, reps: int) -> None:
+                  dev: str, reps: int, fa3) -> None:
     nblk = -(-ctx // g)
     cache16 = torch.randn(bsz * nblk, 2, HEADS, g, D, device=dev, dtype=torch.float16)
     bt16 = torch.randperm(bsz * nblk, device=dev).to(torch.int32).view(bsz, nblk)
@@ -316,8 +324,10 @@ def fp16_baseline(r: dict, q, bsz: int, ctx: int, gqa: int, D: int, g: int, tune
     r["sdpa_TBps"] = fp16_bytes / r["sdpa_ms"] / 1e9
     # the Triton baseline must compute what SDPA computes
     got = fp16_paged_decode(q16, cache16, bt16, seq, fs)
-    r["fp16_triton_vs_sdpa_maxabs"] = (got.float() - sdpa()[:, :, 0].float()).abs().max().item()
+    want = sdpa()[:, :, 0]
+    r["fp16_triton_vs_sdpa_maxabs"] = (got.float() - want.float()).abs().max().item()
     del k, v
+    fa3_baseline(r, fa3, q16, cache16, bt16, seq, ctx, D, want, reps)
 
     def plain():
         kk = cache16[bt16.long(), 0].permute(0, 2, 1, 3, 4).reshape(bsz, HEADS, -1, D)
@@ -328,6 +338,28 @@ def fp16_baseline(r: dict, q, bsz: int, ctx: int, gqa: int, D: int, g: int, tune
 
     r["torch_plain_ms"] = bench(plain, reps) if bsz * ctx <= (1 << 20) else None
     r["roofline_fp16_ms"] = fp16_bytes / HBM_BPS * 1e3
+
+
+def fa3_baseline(r: dict, fa3, q16, cache16, bt16, seq, ctx: int, D: int, sdpa_out,
+                 reps: int) -> None:
+    """FA3 over the fp16 baseline's values in bf16 (pages of G tokens, NHD), or why not;
+    its largest difference from SDPA's fp16 output says it computed the same attention."""
+    if isinstance(fa3, str):
+        r.update(fa3_ms=None, fa3_skipped=fa3)
+        return
+    k = cache16[:, 0].transpose(1, 2).to(torch.bfloat16).contiguous()  # [N, G, H, D]
+    v = cache16[:, 1].transpose(1, 2).to(torch.bfloat16).contiguous()
+    qb = q16.to(torch.bfloat16)
+    out = torch.empty_like(qb)
+    cu_q = torch.arange(qb.shape[0] + 1, dtype=torch.int32, device=qb.device)
+    fn = lambda: fa3.paged_decode(qb, k, v, bt16, seq, ctx, D ** -0.5, out, cu_q)
+    try:  # a failing launch is recorded in the row; the other columns still come out
+        got = fn()
+        r["fa3_vs_sdpa_maxabs"] = (got.float() - sdpa_out.float()).abs().max().item()
+        r["fa3_ms"] = bench(fn, reps)
+        r["fa3_TBps"] = r["fp16_bytes"] / r["fa3_ms"] / 1e9
+    except RuntimeError as exc:
+        r.update(fa3_ms=None, fa3_skipped=f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict:
@@ -364,7 +396,8 @@ def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict
     r["kvarn_with_rotations_ms"] = bench(
         lambda: attend(q, kv, bt, st, seq, nf, num_splits=splits, variant=fastest, **cfg), reps)
     del state, kv
-    fp16_baseline(r, q, bsz, ctx, gqa, D, p.group, not (args.no_tune or args.smoke), dev, reps)
+    fp16_baseline(r, q, bsz, ctx, gqa, D, p.group, not (args.no_tune or args.smoke), dev, reps,
+                  run.fa3)
     r["roofline_kvarn_ms"] = r["kvarn_bytes"] / HBM_BPS * 1e3
     r["kvarn_over_fp16_triton"] = t / r["fp16_triton_ms"]
     r["kvarn_over_sdpa"] = t / r["sdpa_ms"]
@@ -372,6 +405,7 @@ def table_row(run: Run, p: Preset, bsz: int, ctx: int, gqa: int, D: int) -> dict
         v["over_fp16_triton"] = v["ms"] / r["fp16_triton_ms"]
         v["pct_roofline"] = 100 * r["kvarn_bytes"] / HBM_BPS / (v["ms"] * 1e-3)
         v["TBps"] = r["kvarn_bytes"] / v["ms"] / 1e9
+        v["over_fa3"] = v["ms"] / r["fa3_ms"] if r["fa3_ms"] else None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return r
@@ -453,8 +487,9 @@ def print_table(results: dict) -> None:
     if results["decode"]:
         print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
               f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'cuda':>9} {'%roof':>5} "
-              f"{'cu/fp16':>7} {'old dflt':>9} {'+rot ms':>8} "
-              f"{'fp16trt':>8} {'sdpa':>7} {'torch':>7} {'roof ms':>7} {'kv/fp16':>7} best")
+              f"{'cu/fp16':>7} {'cu/fa3':>6} {'old dflt':>9} {'+rot ms':>8} "
+              f"{'fp16trt':>8} {'sdpa':>7} {'fa3':>7} {'torch':>7} {'roof ms':>7} "
+              f"{'kv/fp16':>7} best")
     for r in results["decode"]:
         plain = f"{r['torch_plain_ms']:.3f}" if r["torch_plain_ms"] else "-"
         var = r["variants"]
@@ -462,13 +497,15 @@ def print_table(results: dict) -> None:
         cu = r.get("cuda", {})
         cu_cols = (f"{cu['ms']:9.4f} {cu['pct_roofline']:5.1f} {cu['over_fp16_triton']:7.3f}"
                    if cu.get("ms") else f"{'-':>9} {'-':>5} {'-':>7}")
+        cu_fa3 = f"{cu['over_fa3']:6.3f}" if cu.get("over_fa3") else f"{'-':>6}"
+        fa3 = f"{r['fa3_ms']:7.4f}" if r.get("fa3_ms") else f"{'-':>7}"
         print(f"{r['preset']:16} {r['head_dim']:>3} {r['batch']:>3}x{r['context'] / 1024:>4.1f}K "
               f"{r['gqa']:>3} {r['kvarn_ms']:9.4f} {r['kvarn_TBps']:5.2f} "
               f"{r['kvarn_pct_roofline']:5.1f} {var['prefetch']['ms']:9.4f} "
-              f"{var['pipelined']['ms']:9.4f} {cu_cols} "
+              f"{var['pipelined']['ms']:9.4f} {cu_cols} {cu_fa3} "
               f"{old if old is None else round(old, 4)!s:>9} "
               f"{r['kvarn_with_rotations_ms']:8.4f} {r['fp16_triton_ms']:8.4f} "
-              f"{r['sdpa_ms']:7.4f} {plain:>7} {r['roofline_kvarn_ms']:7.4f} "
+              f"{r['sdpa_ms']:7.4f} {fa3} {plain:>7} {r['roofline_kvarn_ms']:7.4f} "
               f"{r['kvarn_over_fp16_triton']:7.3f} {r['kvarn_variant']}:"
               f"{var[r['kvarn_variant']]['label']}")
     for f in results["flush"]:
@@ -478,6 +515,8 @@ def print_table(results: dict) -> None:
     skipped = {r["cuda"]["skipped"] for r in results["decode"] if r.get("cuda", {}).get("skipped")}
     for why in sorted(skipped):
         print(f"cuda rows skipped: {why}")
+    for why in sorted({r["fa3_skipped"] for r in results["decode"] if r.get("fa3_skipped")}):
+        print(f"fa3 column skipped: {why}")
     print("targets:", json.dumps(results.get("targets", {})))
     if results["truncated"]:
         print("truncated: the --budget-s ran out before every row was measured")
@@ -517,6 +556,10 @@ def targets(results: dict, reference, single) -> dict:
                 worst = max(r["cuda"]["over_fp16_triton"] for r in at)
                 t[f"cuda_max_time_ratio_vs_fp16_at_{key}"] = worst
                 t[f"cuda_time_ratio_{key}_target_met"] = worst <= bound
+                if all(r["cuda"].get("over_fa3") for r in at):
+                    worst = max(r["cuda"]["over_fa3"] for r in at)
+                    t[f"cuda_max_time_ratio_vs_fa3_at_{key}"] = worst
+                    t[f"cuda_time_ratio_vs_fa3_{key}_target_met"] = worst <= bound
         out[f"D{D}"] = t
     return out
 
@@ -545,6 +588,12 @@ def main() -> None:
     ap.add_argument("--prewarm-only", action="store_true",
                     help="only compile the kernels' sweep grids, in --workers processes")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--fa3", metavar="DIR", default=None,
+                    help="time upstream's FA3 paged decode from this --extract-fa3 folder "
+                         "(DIR/0.33.0); on sm_90 only")
+    ap.add_argument("--extract-fa3", metavar="DIR", default=None,
+                    help="only write DIR/0.33.0: FA3 out of the pinned upstream wheel "
+                         "(downloaded into kiln's cache when missing), xz-compressed")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, default config, CPU allowed (TRITON_INTERPRET=1): checks "
                          "that every path runs, times mean nothing")
@@ -563,6 +612,9 @@ def main() -> None:
             assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
         except (ValueError, AssertionError):
             ap.error(f"--shapes {' '.join(args.shapes)}: allowed: BATCHxCONTEXT, e.g. 64x16384")
+    if args.extract_fa3:
+        _fa3_upstream.extract(Path(args.extract_fa3))
+        return
     if args.prewarm_only:
         prewarm(args)
         return

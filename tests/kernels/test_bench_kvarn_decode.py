@@ -1,12 +1,23 @@
 """bench/kvarn_decode.py runs end to end (--smoke: tiny shapes, the interpreter on a CPU),
 so a GPU session never spends device time on a benchmark that no longer starts."""
+import hashlib
+import importlib.util
 import json
+import lzma
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "kvarn_decode.py"
+
+
+def fa3_module():
+    spec = importlib.util.spec_from_file_location("_fa3_upstream", BENCH.with_name("_fa3_upstream.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_smoke_run_writes_a_complete_table(tmp_path):
@@ -28,9 +39,12 @@ def test_smoke_run_writes_a_complete_table(tmp_path):
         assert r["prefetch_default_ms"] == r["variants"]["prefetch"]["ms"]  # untuned run
         assert r["fp16_triton_vs_sdpa_maxabs"] < 2e-3  # the fp16 baseline computes attention
         assert 0 < r["roofline_kvarn_ms"] < r["roofline_fp16_ms"]  # the format reads fewer bytes
+        # no --fa3 folder: the FA3 column says how to get one
+        assert r["fa3_ms"] is None and "--extract-fa3" in r["fa3_skipped"]
     (flush,) = result["flush"]
     assert flush["head_dim"] == 256 and flush["tiles"] == 8 * 8
     assert "targets:" in run.stdout and "kvarn_k4v2_g128  256" in run.stdout
+    assert "fa3 column skipped: no --fa3 folder given" in run.stdout
 
 
 def test_smoke_sweep_times_every_config_and_picks_a_best_one(tmp_path):
@@ -84,3 +98,34 @@ def test_bad_arguments_are_refused_naming_what_is_allowed():
     run = subprocess.run([sys.executable, str(BENCH), "--smoke", "--shapes", "64"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "allowed: BATCHxCONTEXT" in run.stderr
+
+
+def test_extract_fa3_packs_upstreams_library_from_the_pinned_wheel(tmp_path):
+    # the same bytes as in the sha256-pinned wheel (fetched into kiln's cache if missing,
+    # as the wheel build does), xz-packed small enough for a device call to carry
+    from kiln.fetch import download_from_index, fetch_pinned
+    from kiln.lock import UpstreamLock
+
+    run = subprocess.run([sys.executable, str(BENCH), "--extract-fa3", str(tmp_path)],
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    fa3 = fa3_module()
+    folder = tmp_path / "0.33.0"
+    manifest = json.loads((folder / fa3.MANIFEST).read_text())
+    pin = UpstreamLock.load().release("0.33.0").wheel
+    assert (manifest["wheel"], manifest["wheel_sha256"]) == (pin.name, pin.sha256)
+    wheel = fetch_pinned(pin, lambda d: download_from_index(pin, d), print)
+    with zipfile.ZipFile(wheel) as zf:
+        raw = zf.read(fa3.LIBRARY)
+    packed = folder / fa3.PACKED
+    assert lzma.decompress(packed.read_bytes()) == raw
+    assert manifest["sha256"] == hashlib.sha256(raw).hexdigest() and manifest["size"] == len(raw)
+    assert packed.stat().st_size < 24 * 2**20 < len(raw)
+    loaded = fa3.load(folder)
+    if isinstance(loaded, str):  # a CPU box or another GPU: the reason, after the file checks
+        assert loaded.startswith("FA3 needs a CUDA device") or "sm_90a" in loaded, loaded
+
+
+def test_fa3_folder_without_the_library_says_how_to_make_one(tmp_path):
+    why = fa3_module().load(tmp_path)
+    assert isinstance(why, str) and f"--fa3 {tmp_path}" in why and "--extract-fa3" in why
