@@ -43,6 +43,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# logs written as they happen, so a step cut at its time limit still shows how far it got
+export PYTHONUNBUFFERED=1
 LIB_DIR=$PWD/build/kvarn_cuda
 export KVARN_CUDA_LIB=$LIB_DIR/libkvarn_decode.so
 SUMMARY=$OUT/summary.txt
