@@ -42,13 +42,15 @@ SPEED = ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128")
 @pytest.mark.scenarios(*SPEED)
 def test_decode_speed_table_and_profiled_capacity(scenario):
     """A benchmark, not a timed test: it asserts the table is complete and that KVarN's
-    profiled pool (its side pool and scratch charged) keeps 0.85 of the format's ideal."""
+    profiled pool (its side pool and scratch charged) keeps 0.85 of the format's ideal;
+    with $KILN_GPU_SPEED_PROFILE, that each run's profile recorded its GPU time."""
     from vllm.kvarn import Preset, decode_cuda
 
     runs = {name: scenario(name) for name in SPEED}
     # K and V bytes per token and KV head (head_dim 128): bf16, fp8, the KVarN record
     head_bytes = {"speed-auto": 4 * 128, "speed-fp8": 2 * 128,
                   "speed-kvarn_k4v2_g128": Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)}
+    profile_problems = []
     for name, run in runs.items():
         assert len(run["table"]) == len(SPEED_BATCHES) * len(SPEED_CONTEXTS), name
         for row in run["table"]:
@@ -61,7 +63,7 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
                   f"{100 * kv / HBM_BYTES_PER_S / (row['ms_per_step'] * 1e-3):.1f}% of its "
                   f"roofline at 4.8 TB/s")
         if "profile" in run:
-            print_profile(name, run["profile"], run["table"])
+            profile_problems += print_profile(name, run["profile"], run["table"])
     # The wheel's CUDA decode kernel serves KVarN wherever the wheel carries it.
     kernel = runs["speed-kvarn_k4v2_g128"]["decode_kernel"]
     print("\n".join(kernel))
@@ -71,15 +73,19 @@ def test_decode_speed_table_and_profiled_capacity(scenario):
     ideal = 4 * 128 / Preset.parse("kvarn_k4v2_g128").bytes_per_token(128)
     assert runs["speed-kvarn_k4v2_g128"]["pool_tokens"] / bf16 >= 0.85 * ideal
     assert runs["speed-fp8"]["pool_tokens"] / bf16 >= 0.85 * 2.0
+    assert not profile_problems, profile_problems  # after every run's figures are out
 
 
-def print_profile(name: str, profile: dict, table: list[dict]) -> None:
+def print_profile(name: str, profile: dict, table: list[dict]) -> list[str]:
     """The profiled engine steps (by vLLM's step annotations): GPU time per step against
     the timed step at that shape (the difference is time the GPU waited on the host),
-    then the top kernels."""
-    assert "error" not in profile, (name, profile["error"])
+    then the top kernels. Returns what went wrong, if anything."""
+    if "error" in profile:
+        return [f"{name}: {profile['error']}"]
     busy_us = profiled_time_us(profile["table"])
-    assert busy_us, (name, "the profile recorded no device time", profile["table"][-400:])
+    if not busy_us:
+        print(profile["table"])
+        return [f"{name}: the profile recorded no device time (its table is printed above)"]
     steps = profiled_steps(profile["table"]) or {"(no step annotations)": profile["steps"]}
     timed = next(r for r in table if (r["batch"], r["context"]) ==
                  (profile["batch"], profile["context"]))
@@ -87,3 +93,4 @@ def print_profile(name: str, profile: dict, table: list[dict]) -> None:
     print(f"{name}: profiled at {profile['batch']} x {profile['context']}: {steps}; GPU "
           f"busy {busy_ms:.2f} ms per step, the timed step {timed['ms_per_step']:.2f} ms")
     print("\n".join(profile["table"].splitlines()[:40]))
+    return []
