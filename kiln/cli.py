@@ -11,11 +11,11 @@ import importlib
 import pkgutil
 import signal
 import sys
-import threading
 from types import ModuleType
 
 import kiln.commands
 from kiln.errors import KilnError, Terminated, describe_os_error
+from kiln.signals import handled
 
 
 def _command_modules() -> list[ModuleType]:
@@ -42,17 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminate(signum, frame) -> None:
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Signal handlers can only be set from the main thread.
-    handles_sigterm = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if handles_sigterm else None
     try:
-        return int(args._run(args) or 0)
+        with handled():
+            return int(args._run(args) or 0)
     except KilnError as e:
         print(f"kiln {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -65,6 +59,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kiln {args.command}: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if handles_sigterm:
-            signal.signal(signal.SIGTERM, previous)

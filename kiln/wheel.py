@@ -35,6 +35,7 @@ from kiln.paths import REPO_ROOT
 from kiln.patching import apply_series
 from kiln.pins import PinChanges
 from kiln.series import Series, Topic, series_dir
+from kiln.signals import uninterrupted
 from kiln.version import fork_version, version_tuple
 
 # repo folder -> wheel folder
@@ -140,6 +141,17 @@ def head_commit(root: Path = REPO_ROOT) -> str:
     return "g" + result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
+def write_entry(out: zipfile.ZipFile, name: str, attr: int, data: bytes,
+                date_time: tuple[int, ...]) -> None:
+    """One whole wheel entry. A signal inside writestr would leave the archive with an
+    open writing handle, which no close can finish, so it is held to the entry's end."""
+    info = zipfile.ZipInfo(name, date_time)
+    info.external_attr, info.create_system = attr, 3
+    info.compress_type = zipfile.ZIP_DEFLATED
+    with uninterrupted():
+        out.writestr(info, data, compresslevel=COMPRESS_LEVEL)
+
+
 def _patched_files(source: zipfile.ZipFile, topics: list[Topic]) -> dict[str, bytes | None]:
     """Apply the series to the wheel files it touches; None marks a deleted file."""
     touched = sorted({p for t in topics for p in t.files()})
@@ -217,10 +229,7 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
         with replacing(target) as tmp:
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as out:
                 def write(name: str, attr: int, data: bytes) -> None:
-                    info = zipfile.ZipInfo(name, date_time)
-                    info.external_attr, info.create_system = attr, 3
-                    info.compress_type = zipfile.ZIP_DEFLATED
-                    out.writestr(info, data, compresslevel=COMPRESS_LEVEL)
+                    write_entry(out, name, attr, data, date_time)
                     record.append((name, record_hash(data), str(len(data))))
 
                 for name, attr, data in _entries(source, replaced, added, old_dist):
