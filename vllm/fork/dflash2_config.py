@@ -83,6 +83,16 @@ def is_dflash2(spec: SpeculativeConfig) -> bool:
             and DRAFTER_ARCH in (draft.architectures or []))
 
 
+SPECULATOR_CLASS = "vllm.fork.dflash2_speculator.KilnDFlash2Speculator"
+
+
+def speculator_class(spec: SpeculativeConfig) -> str | None:
+    """The speculator init_speculator builds where the fork runs its own: DFlash2
+    drafters get KilnDFlash2Speculator, others upstream's (None). From 0.34.0, where
+    init_speculator takes a class name from the speculator config."""
+    return SPECULATOR_CLASS if is_dflash2(spec) else None
+
+
 def drafter_block_size(spec: SpeculativeConfig) -> int | None:
     dflash = getattr(spec.draft_model_config.hf_config, "dflash_config", None) or {}
     block = dflash.get("block_size")
