@@ -62,7 +62,7 @@ def write_dist_info(target: Path, root: Path = REPO_ROOT) -> None:
     """Fill a .dist-info folder with the fork wheel's metadata files (PEP 517 prepare)."""
     lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
     version = fork_version(lock.default, root)
-    pins = PinChanges.load(root / "requirements" / "fork-pins.txt")
+    pins = PinChanges.load(root / "requirements" / "fork-pins.txt", lock.default)
     with zipfile.ZipFile(fetch(lock.default, lock=lock).wheel) as upstream:
         for rel, (_, data) in dist_info_files(upstream, version, pins).items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -145,12 +145,15 @@ def update_fork_pins(text: str, old: dict[str, str], new: dict[str, str]) -> Pin
 
     A fork line follows upstream when it pins the version upstream's old
     requirements pinned (flashinfer-cubin included); such lines take the new pin.
+    Lines in a ``[X.Y.Z]`` section belong to that pin and stay as they are.
     """
     update = PinUpdate(text="")
     lines = []
+    in_section = False
     for raw in text.splitlines(keepends=True):
         line = raw.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
+        in_section = in_section or line.startswith("[")
+        if not line or line.startswith("-") or in_section:
             lines.append(raw)
             continue
         name = requirement_name(line)

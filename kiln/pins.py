@@ -2,7 +2,9 @@
 
 Each line is a PEP 508 requirement that replaces every non-extra Requires-Dist
 line of the same project (or is added when upstream has none), or ``-name`` to
-drop that project. Blank lines and ``#`` comments are ignored.
+drop that project. Blank lines and ``#`` comments are ignored. Lines under a
+``[X.Y.Z]`` header apply only to the wheel built on that upstream pin (a pin change
+answers one release's requirements); lines before any header apply to every pin.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from kiln.errors import KilnError
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_SECTION = re.compile(r"^\[(\d+(?:\.\d+)*)\]$")
 
 
 def canonical(name: str) -> str:
@@ -33,12 +36,25 @@ class PinChanges:
     drop: frozenset[str] = frozenset()
 
     @classmethod
-    def parse(cls, text: str, source: str = "fork-pins.txt") -> PinChanges:
+    def parse(cls, text: str, source: str = "fork-pins.txt",
+              version: str | None = None) -> PinChanges:
+        """The changes for a wheel built on upstream ``version``: the lines before any
+        section, and those of its own ``[version]`` section."""
         replace: dict[str, str] = {}
         drop: set[str] = set()
+        section: str | None = None
         for number, raw in enumerate(text.splitlines(), start=1):
             line = raw.split("#", 1)[0].strip()
             if not line:
+                continue
+            if line.startswith("["):
+                m = _SECTION.match(line)
+                if not m:
+                    raise KilnError(f"{source} line {number}: {line!r} is not a section "
+                                    "header (expected '[X.Y.Z]', an upstream pin)")
+                section = m.group(1)
+                continue
+            if section is not None and section != version:
                 continue
             try:
                 if line.startswith("-"):
@@ -53,8 +69,8 @@ class PinChanges:
         return cls(replace=replace, drop=frozenset(drop))
 
     @classmethod
-    def load(cls, path: Path) -> PinChanges:
-        return cls.parse(path.read_text(), path.name) if path.exists() else cls()
+    def load(cls, path: Path, version: str | None = None) -> PinChanges:
+        return cls.parse(path.read_text(), path.name, version) if path.exists() else cls()
 
     def apply_to_metadata(self, metadata: str) -> str:
         head, sep, body = metadata.partition("\n\n")

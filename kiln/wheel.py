@@ -194,7 +194,7 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
     if problems:
         raise KilnError("refusing to build: incomplete patch headers:\n  " + "\n  ".join(problems))
     check_topic_paths(series.topics)
-    pins = PinChanges.load(root / "requirements" / "fork-pins.txt")
+    pins = PinChanges.load(root / "requirements" / "fork-pins.txt", release.version)
     version = fork_version(release.version, root)
     epoch = max(source_date_epoch(root), 315532800)  # zip cannot store dates before 1980
     date_time = time.gmtime(epoch)[:6]

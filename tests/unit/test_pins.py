@@ -38,3 +38,18 @@ def test_bad_lines_are_named():
         PinChanges.parse("regex\n==1\n")
     with pytest.raises(KilnError, match="regex both dropped and replaced"):
         PinChanges.parse("regex>1\n-regex\n")
+
+
+def test_a_section_applies_only_to_its_pin():
+    text = "regex>=1\n[0.34.0]\nflashinfer-python==0.7.4  # why\n-torchcodec\n[0.33.0]\nregex==2\n"
+    on_34 = PinChanges.parse(text, version="0.34.0")
+    assert on_34.replace == {"regex": "regex>=1", "flashinfer-python": "flashinfer-python==0.7.4"}
+    assert on_34.drop == {"torchcodec"}
+    on_33 = PinChanges.parse(text, version="0.33.0")
+    assert on_33.replace == {"regex": "regex==2"} and on_33.drop == frozenset()
+    assert PinChanges.parse(text).replace == {"regex": "regex>=1"}
+
+
+def test_a_malformed_section_header_is_refused_naming_the_line():
+    with pytest.raises(KilnError, match=r"fork-pins.txt line 2: '\[next\]' is not a section header"):
+        PinChanges.parse("regex\n[next]\n")
