@@ -1,4 +1,5 @@
-"""The fork wheel's .dist-info: upstream's files with the fork version and pins."""
+"""The fork wheel's .dist-info: upstream's files with the fork version and pins, plus
+the fork's NOTICE."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from kiln.pins import PinChanges
 from kiln.version import fork_version
 
 PACKAGE = "vllm"
+# Beside upstream's licenses/LICENSE, in the folder PEP 639 gives license files.
+NOTICE = "licenses/NOTICE"
 
 
 def dist_info_name(version: str) -> str:
@@ -42,9 +45,22 @@ def fork_metadata(upstream_metadata: str, version: str, pins: PinChanges) -> str
     return pins.apply_to_metadata(text)
 
 
-def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges) -> dict[str, tuple[int, bytes]]:
+def fork_notice(root: Path = REPO_ROOT) -> bytes:
+    """The repository's NOTICE: Apache-2.0 asks a modified vLLM to say it was modified."""
+    path = root / "NOTICE"
+    if not path.is_file():
+        raise KilnError(f"{path} is missing: the wheel, a modified vLLM, must carry the "
+                        "fork's NOTICE (Apache-2.0, section 4)")
+    return path.read_bytes()
+
+
+def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges,
+                    notice: bytes) -> dict[str, tuple[int, bytes]]:
     """File name inside .dist-info -> (zip attributes, bytes), all but RECORD."""
     old = upstream_dist_info(upstream.namelist())
+    if f"{old}/{NOTICE}" in upstream.namelist():
+        raise KilnError(f"the upstream wheel carries {old}/{NOTICE}; the fork's NOTICE would "
+                        "replace it: carry both (kiln/metadata.py)")
     files = {}
     for info in upstream.infolist():
         rel = info.filename[len(old) + 1:]
@@ -55,6 +71,7 @@ def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges) -
             elif rel == "entry_points.txt":
                 data = fork_entry_points(data.decode()).encode()
             files[rel] = (info.external_attr, data)
+    files[NOTICE] = (0, notice)
     return files
 
 
@@ -64,6 +81,6 @@ def write_dist_info(target: Path, root: Path = REPO_ROOT) -> None:
     version = fork_version(lock.default, root)
     pins = PinChanges.load(root / "requirements" / "fork-pins.txt", lock.default)
     with zipfile.ZipFile(fetch(lock.default, lock=lock).wheel) as upstream:
-        for rel, (_, data) in dist_info_files(upstream, version, pins).items():
+        for rel, (_, data) in dist_info_files(upstream, version, pins, fork_notice(root)).items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_bytes(data)

@@ -30,7 +30,7 @@ from kiln.errors import KilnError
 from kiln.fetch import fetch
 from kiln.kvarncuda import build_kvarn_library
 from kiln.lock import UpstreamLock
-from kiln.metadata import dist_info_files, dist_info_name, upstream_dist_info
+from kiln.metadata import dist_info_files, dist_info_name, fork_notice, upstream_dist_info
 from kiln.paths import REPO_ROOT
 from kiln.patching import apply_series
 from kiln.pins import PinChanges
@@ -223,7 +223,7 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
             "fork_version": version, "upstream_version": release.version,
             "topics": [t.name for t in series.topics],
         }, indent=1).encode() + b"\n"
-        dist_info = dist_info_files(source, version, pins)
+        dist_info = dist_info_files(source, version, pins, fork_notice(root))
 
         record: list[tuple[str, str, str]] = []
         with replacing(target) as tmp:

@@ -90,6 +90,7 @@ def _synthetic_wheel(path: Path, payload_mib: int) -> None:
         z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
                    "Tag: cp38-abi3-manylinux_2_28_x86_64\n")
         z.writestr(f"{dist}/entry_points.txt", "[console_scripts]\nvllm = vllm.cli:main\n")
+        z.writestr(f"{dist}/licenses/LICENSE", "upstream's license text\n")
         z.writestr(f"{dist}/RECORD", "")
 
 
@@ -106,9 +107,10 @@ def _synthetic_sdist(path: Path) -> None:
 
 
 class KilnCheckout:
-    """A repository root laid out like this one (a copy of kiln/, a lock, a series, an
-    overlay, git) whose lock pins a small synthetic upstream wheel and sdist, already in
-    its own KILN_CACHE: ``python -m kiln build`` runs there for real in seconds."""
+    """A repository root laid out like this one (a copy of kiln/ and NOTICE, a lock, a
+    series, an overlay, git) whose lock pins a small synthetic upstream wheel and sdist,
+    already in its own KILN_CACHE: ``python -m kiln build`` runs there for real in
+    seconds."""
 
     def __init__(self, base: Path, payload_mib: int = 12):
         import hashlib
@@ -126,6 +128,7 @@ class KilnCheckout:
         sha = {n: hashlib.sha256((upstream / n).read_bytes()).hexdigest() for n in (WHEEL_NAME, SDIST_NAME)}
         shutil.copytree(REPO_ROOT / "kiln", self.root / "kiln",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy(REPO_ROOT / "NOTICE", self.root / "NOTICE")
         (self.root / "requirements").mkdir()
         (self.root / "requirements" / "upstream.lock").write_text(
             f'default = "1.0.0"\n\n[versions."1.0.0"]\nwheel = "{WHEEL_NAME}"\n'
