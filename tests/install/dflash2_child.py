@@ -34,6 +34,7 @@ def cases(target: str, drafter: str) -> dict[str, dict]:
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
              "prompt_lookup_max": 4}
     return {
+        "defaults-k3": dflash(3),
         "defaults-k7": dflash(7),
         "lookup-v15-k7": dflash(15, lookup=True, draft_tokens=7),
         "lookup-v20": dflash(20, lookup=True),
@@ -59,6 +60,7 @@ def main() -> int:
         Path(out_path).write_text(json.dumps(drive_ranks(target, drafter)))
         return 0
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.fork.kvarn_backend import runs_model_runner_v2
 
     results: dict[str, dict] = {}
     configs = {}
@@ -75,11 +77,34 @@ def main() -> int:
         results[name] = {"method": spec.method,
                          "num_speculative_tokens": spec.num_speculative_tokens,
                          "kiln_dflash2": spec.kiln_dflash2,
-                         "v2_runner": config.use_v2_model_runner}
+                         "v2_runner": runs_model_runner_v2(config),
+                         "scratch": scratch_plan(config)}
     results["model"] = load_model(configs["lookup-v15-k7"], drafter)
     results["speculator"] = drive_speculator(configs["lookup-v15-k7"])
+    results["init_speculator"] = built_speculator(configs["lookup-v15-k7"])
     Path(out_path).write_text(json.dumps(results))
     return 0
+
+
+def scratch_plan(config) -> dict:
+    """The spec-decode scratch pool's plan for the target's layers (bf16 cache)."""
+    from vllm.fork import spec_scratch
+
+    spec = config.speculative_config
+    plan = spec_scratch.plan(config, config.model_config.get_num_kv_heads(
+        config.parallel_config), "auto")
+    return {"drafts_in_parallel": spec_scratch.drafts_in_parallel(spec),
+            "query_len": plan.query_len}
+
+
+def built_speculator(config) -> str:
+    """The class upstream's init_speculator builds for this config, on the CPU."""
+    import torch
+
+    from vllm.v1.worker.gpu.spec_decode import init_speculator
+
+    speculator = init_speculator(config, torch.device("cpu"), cpu_request_states())
+    return f"{type(speculator).__module__}.{type(speculator).__qualname__}"
 
 
 def load_model(config, drafter: str) -> dict:

@@ -115,6 +115,20 @@ def test_the_speculator_runs_the_drafter_at_its_width_and_fills_the_verify_block
     assert [s["trust"][0] for s in run["steps"]] == [15, 15, 15, 15]
 
 
+def test_upstreams_init_speculator_builds_the_forks_speculator(child):
+    # 0.34.0's init_speculator takes the class from the speculator config; the topic
+    # puts the fork's first for DFlash2 drafters.
+    assert child["init_speculator"] == "vllm.fork.dflash2_speculator.KilnDFlash2Speculator"
+
+
+def test_the_scratch_pool_sizes_dflash_queries_as_parallel_drafting(child):
+    # DFlash drafts in parallel: its split batches carry 1 + 2k query tokens (7 at k=3,
+    # under the 3D path's cap of 8). 0.34.0's deprecated SpeculativeConfig field reads
+    # None, which sized them as 1 + k.
+    scratch = child["defaults-k3"]["scratch"]
+    assert scratch == {"drafts_in_parallel": True, "query_len": 7}
+
+
 # -- start-up: what is accepted --------------------------------------------------
 
 

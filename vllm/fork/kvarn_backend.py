@@ -27,7 +27,7 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.fork import kvarn_lifecycle
 from vllm.fork.kvarn_config import side_pool_plan
-from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
+from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, KVarNCacheDType, is_kvarn_dtype
 from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
 from vllm.kvarn.sidepool import SidePool, cdiv
@@ -66,6 +66,14 @@ MIN_CAPABILITY = 80
 _built_preset: Preset | None = None
 
 
+def runs_model_runner_v2(vllm_config) -> bool:
+    """0.34.0 removed Model Runner V1, and with it VllmConfig.use_v2_model_runner
+    (0.33.0's property)."""
+    if not hasattr(type(vllm_config), "use_v2_model_runner"):  # 0.34.0 on
+        return True
+    return vllm_config.use_v2_model_runner
+
+
 def _run_preset() -> Preset | None:
     config = get_current_vllm_config_or_none()
     if config is None or not is_kvarn_dtype(config.cache_config.cache_dtype):
@@ -80,8 +88,10 @@ def _spec_preset(spec: AttentionSpec) -> Preset | None:
     mode = spec.kv_quant_mode
     if mode.name.startswith("KVARN_"):
         return Preset.parse(mode.name.lower())
-    # By value: 0.33.0's CUSTOM = 12 is an alias, so the member's name is OCTAVE_K3V4.
-    if not getattr(mode, "is_custom_mode", False):
+    # By value, against the mode the fork's handler registers (KVQuantMode.CUSTOM):
+    # CUSTOM = 12 is an alias, so the member's name is OCTAVE_K3V4. 0.34.0 dropped the
+    # is_custom_mode property 0.33.0 had, so the comparison is done here.
+    if mode != KVarNCacheDType().quant_mode():
         return None
     if get_current_vllm_config_or_none() is None:
         return _built_preset
@@ -255,7 +265,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        if not vllm_config.use_v2_model_runner:
+        if not runs_model_runner_v2(vllm_config):
             raise ValueError(
                 "KVarN cache dtypes run on Model Runner V2 only, whose request lifecycle "
                 "drives the side pool; this configuration uses the V1 runner (unset "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import SpeculativeConfig, VllmConfig, get_current_vllm_config
 from vllm.fork import scratch_sizing as sizing
 from vllm.logger import init_logger
 
@@ -100,6 +100,15 @@ class Plan:
     rows: int
 
 
+def drafts_in_parallel(spec: SpeculativeConfig) -> bool:
+    """Whether the drafter runs all its draft positions in one pass (DFlash, DSpark).
+    0.34.0 moved the flag to the speculator's config; its SpeculativeConfig field of the
+    same name is deprecated there and reads None."""
+    if hasattr(spec, "speculator_config"):  # 0.34.0 on
+        return bool(spec.speculator_config.parallel_drafting)
+    return bool(spec.parallel_drafting)  # 0.33.0
+
+
 def plan(vllm_config: VllmConfig, num_kv_heads: int, kv_cache_dtype: str,
          min_grid: int = MIN_LAUNCH_GRID_SIZE_2D) -> Plan:
     """The pool's rows for a layer group with ``num_kv_heads`` KV heads."""
@@ -114,7 +123,7 @@ def plan(vllm_config: VllmConfig, num_kv_heads: int, kv_cache_dtype: str,
     spec = vllm_config.speculative_config
     k = (spec.num_speculative_tokens or 0) if spec is not None else 0
     query_len = sizing.split_query_len(
-        k, bool(spec is not None and spec.parallel_drafting),
+        k, spec is not None and drafts_in_parallel(spec),
         upstream_max=spec_attn.upstream_split_query_len(kv_cache_dtype),
         fork_max=spec_attn.MAX_QUERY_LEN if spec_attn.enabled(kv_cache_dtype) else 0)
     rows = sizing.pool_rows(threshold, vllm_config.scheduler_config.max_num_seqs, query_len)

@@ -37,6 +37,27 @@ def prompt_tokens(decode_query_len: int, max_num_batched_tokens: int,
     return max(1, min(want, max_num_batched_tokens, max_model_len - decode_query_len))
 
 
+def warmup_blocks(model_runner: Any) -> int:
+    """The KV blocks warm-up may address. 0.34.0's extensible KV cache (on by default on
+    CUDA) backs only part of the pool during warm-up, so kv_cache_config.num_blocks
+    overstates it there; upstream's num_committable_kv_blocks says how many."""
+    try:
+        from vllm.v1.worker.extensible_kv_cache import num_committable_kv_blocks
+    except ImportError:  # 0.33.0: the whole pool is allocated before warm-up
+        return model_runner.kv_cache_config.num_blocks
+    return num_committable_kv_blocks(model_runner)
+
+
+def commit_blocks(model_runner: Any, num_blocks: int) -> None:
+    """Back the first ``num_blocks`` blocks of an extensible KV cache, as upstream's
+    warm-up does before it addresses them (a no-op for a cache allocated whole)."""
+    try:
+        from vllm.v1.worker.extensible_kv_cache import ensure_kv_cache_blocks
+    except ImportError:  # 0.33.0
+        return
+    ensure_kv_cache_blocks(model_runner, num_blocks)
+
+
 @torch.inference_mode()
 def warm_one_request_prefill(model_runner: Any,
                              execute_model: Callable[[Any], Any],
@@ -61,11 +82,12 @@ def warm_one_request_prefill(model_runner: Any,
         count = block_count(n, group.kv_cache_spec)
         block_ids.append(list(range(next_block, next_block + count)))
         next_block += count
-    if next_block > model_runner.kv_cache_config.num_blocks:
+    available = warmup_blocks(model_runner)
+    if next_block > available:
         logger.warning("kiln: skipped the one-request prefill warm-up: it needs %d KV "
-                       "blocks, the cache has %d", next_block,
-                       model_runner.kv_cache_config.num_blocks)
+                       "blocks, warm-up may address %d", next_block, available)
         return None
+    commit_blocks(model_runner, next_block)
 
     prompt = list(range(n))
     request = Request(REQUEST_ID, prompt, SamplingParams(temperature=0.0), None,
