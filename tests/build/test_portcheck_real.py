@@ -1,7 +1,7 @@
 """port-check on the real 0.31.0 -> 0.32.0 pair: the two breaks the 0.32 port met.
 
-Fetches the pinned 0.31.0 and 0.32.0 sdists (sha256-checked; 0.31.0's pin is
-this test's own, since the lock pins only what the fork builds from).
+Fetches the 0.31.0 and 0.32.0 sdists (sha256-checked; both pins are this test's own,
+since the lock pins only what the fork builds from).
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ V031 = UpstreamRelease(
     PinnedFile("vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                "39132b433967f0962d03d8a5f633b9bee6b32708f566c7d5637b79f8d0ef3433"),
     PinnedFile("vllm-0.31.0.tar.gz", "dde46f1efbe846e5bd0c5c4ec6ec71842c42254c7ff3d9bebb2a57028715d380"),
+)
+V032 = UpstreamRelease(
+    "0.32.0",
+    PinnedFile("vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+               "5e2ecdc5b0baf72921c288486417ca82778456a448e4fe60b62ee43c0dfc8611"),
+    PinnedFile("vllm-0.32.0.tar.gz", "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"),
 )
 OUTPUT_PROCESSOR = "vllm/v1/engine/output_processor.py"
 OVERLAY = '''\
@@ -46,7 +52,7 @@ class LookupSpeculator(BaseSpeculator):
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory):
     lock = UpstreamLock.load()
-    lock = UpstreamLock(default="0.31.0", releases={**lock.releases, "0.31.0": V031})
+    lock = UpstreamLock(default="0.31.0", releases={**lock.releases, "0.31.0": V031, "0.32.0": V032})
     old, new = sdist_tree("0.31.0", lock), sdist_tree("0.32.0", lock)
     tmp = tmp_path_factory.mktemp("real")
     text = (old / OUTPUT_PROCESSOR).read_text()

@@ -105,6 +105,6 @@ def test_a_wheel_built_on_another_pin_is_refused_naming_both(tmp_path, capsys):
     from kiln.cli import main
 
     wheel = _fork_wheel(tmp_path, "0.33.0+kiln.1", ["torch==2.14.0"])
-    assert main(["test-env", "--wheel", str(wheel), "--version", "0.32.0"]) != 0
+    assert main(["test-env", "--wheel", str(wheel), "--version", "0.34.0"]) != 0
     err = capsys.readouterr().err
-    assert "built on vLLM 0.33.0, not on the pin 0.32.0" in err and "--version 0.33.0" in err
+    assert "built on vLLM 0.33.0, not on the pin 0.34.0" in err and "--version 0.33.0" in err
