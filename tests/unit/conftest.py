@@ -108,9 +108,11 @@ def _synthetic_sdist(path: Path) -> None:
 class KilnCheckout:
     """A repository root laid out like this one (a copy of kiln/, a lock, a series, an
     overlay, git) whose lock pins a small synthetic upstream wheel and sdist, already in
-    its own KILN_CACHE: ``python -m kiln build`` runs there for real in seconds."""
+    its own KILN_CACHE: ``python -m kiln build`` runs there for real in seconds.
+    ``kvarn_cuda`` adds the KVarN CUDA source and its nvcc command, which the build then
+    compiles (where nvcc is) into an empty cache."""
 
-    def __init__(self, base: Path, payload_mib: int = 12):
+    def __init__(self, base: Path, payload_mib: int = 12, kvarn_cuda: bool = False):
         import hashlib
         import os
         import shutil
@@ -126,6 +128,10 @@ class KilnCheckout:
         sha = {n: hashlib.sha256((upstream / n).read_bytes()).hexdigest() for n in (WHEEL_NAME, SDIST_NAME)}
         shutil.copytree(REPO_ROOT / "kiln", self.root / "kiln",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if kvarn_cuda:
+            shutil.copytree(REPO_ROOT / "csrc" / "kvarn", self.root / "csrc" / "kvarn")
+            (self.root / "kvarn").mkdir()
+            shutil.copy(REPO_ROOT / "kvarn" / "cuda_build.py", self.root / "kvarn")
         (self.root / "requirements").mkdir()
         (self.root / "requirements" / "upstream.lock").write_text(
             f'default = "1.0.0"\n\n[versions."1.0.0"]\nwheel = "{WHEEL_NAME}"\n'
