@@ -1,8 +1,9 @@
 """PristineTree: the upstream sdist unpacked once into the cache, checked on every use.
 
-Beside each tree lies a manifest of its files (sha256, executable bit, link target)
-written when it was unpacked. Every use hashes the tree against it (about 0.4 s CPU for
-vLLM 0.32.0's 7,729 files), so a file edited in the cache never flows into apply,
+Beside each tree lies a manifest of its entries (every file with its sha256 and
+executable bit, every link with its target, every folder) written when it was unpacked.
+Every use checks the tree against it (about 0.4 s CPU for vLLM 0.32.0's 7,729 files),
+so nothing edited or planted in the cache (a file, a link, a folder) flows into apply,
 materialize, verify or rebase: a tree that differs is unpacked again from the sdist,
 whose own sha256 ``fetch`` checked.
 """
@@ -25,21 +26,27 @@ from kiln.fetch import PristineFiles
 from kiln.paths import cache_dir
 
 _SHOWN = 5
+# Format 2 records folders too; a tree recorded in an older format is checked as one
+# recorded in none: against a fresh unpack.
+MANIFEST_FORMAT = 2
 
 
 def tree_manifest(root: Path) -> dict[str, str]:
-    """Relative path -> what the file is: "sha256" (with "x:" when executable) or
-    "link:<target>"; any other kind of entry is "other"."""
+    """Relative path -> what the entry is: "sha256" (with "x:" when executable),
+    "link:<target>" (to a file or a folder) or "dir"; any other kind is "other"."""
     entries = {}
     top = len(str(root)) + 1
-    for folder, _, names in os.walk(root):
+    for folder, folders, names in os.walk(root):
         prefix = folder[top:] + "/" if len(folder) >= top else ""
-        for name in names:
+        # os.walk lists a link to a folder among the folders (and does not enter it).
+        for name in folders + names:
             path = f"{folder}/{name}"
             rel = prefix + name
             mode = os.lstat(path).st_mode
             if stat.S_ISLNK(mode):
                 entries[rel] = "link:" + os.readlink(path)
+            elif stat.S_ISDIR(mode):
+                entries[rel] = "dir"
             elif stat.S_ISREG(mode):
                 with open(path, "rb") as f:
                     digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -79,12 +86,12 @@ class PristineTree:
                 tar.extractall(tmp, filter="data")
             (top,) = Path(tmp).iterdir()
             fresh = tree_manifest(top)
-            # A tree unpacked before trees had manifests is kept when it is intact.
+            # A tree with no manifest, or one of an older format, is kept when intact.
             if not (target.is_dir() and recorded is None and tree_manifest(target) == fresh):
                 _swap_in(top, target, Path(tmp) / "stale")
             with replacing(manifest) as path:
-                path.write_text(json.dumps({"sdist_sha256": pin.sha256, "files": fresh},
-                                           indent=0, sort_keys=True) + "\n")
+                path.write_text(json.dumps({"format": MANIFEST_FORMAT, "sdist_sha256": pin.sha256,
+                                            "files": fresh}, indent=0, sort_keys=True) + "\n")
         return tree
 
     def files(self) -> list[str]:
@@ -95,12 +102,15 @@ class PristineTree:
 
 
 def _read_manifest(path: Path, sdist_sha256: str) -> dict[str, str] | None:
-    """The recorded files of the tree unpacked from that sdist, or None."""
+    """The recorded entries of the tree unpacked from that sdist, or None (also for a
+    manifest of an older format)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("sdist_sha256") != sdist_sha256:
+        return None
+    if data.get("format") != MANIFEST_FORMAT:
         return None
     return data.get("files")
 
