@@ -6,12 +6,15 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from kiln.fetch import PristineFiles
+from kiln.paths import REPO_ROOT
 from kiln.lock import PinnedFile, UpstreamRelease
 from kiln.patching import apply_series_into
 from kiln.pristine import PristineTree
@@ -140,3 +143,60 @@ def test_a_tree_recorded_in_the_files_only_format_loses_a_planted_folder(files):
     _files_only_manifest(root)
     (root / "vllm" / "empty").mkdir()
     assert _entries(PristineTree.from_files(files).root) == ENTRIES
+
+
+# A child kiln: says it is ready, waits for the go line, then takes the tree and copies
+# it into ARGV[2] as apply does (a folder moved away mid-copy fails with shutil.Error).
+RACER = """
+import sys
+from pathlib import Path
+from kiln.fetch import PristineFiles
+from kiln.lock import PinnedFile, UpstreamRelease
+from kiln.patching import apply_series_into
+from kiln.pristine import PristineTree
+from kiln.series import Series
+sdist, into = Path(sys.argv[1]), Path(sys.argv[2])
+pin = PinnedFile(sdist.name, sys.argv[3])
+files = PristineFiles(UpstreamRelease("1.0.0", PinnedFile("u.whl", "0" * 64), pin), Path(), sdist)
+(into / "patches").mkdir(parents=True)
+(into / "patches" / "series").write_text("")
+print("ready", flush=True)
+sys.stdin.readline()
+tree = PristineTree.from_files(files)
+apply_series_into(tree.root, Series.load(into / "patches"), into / "applied")
+"""
+RACERS = 4
+
+
+def test_racing_kilns_unpack_a_damaged_tree_once_and_all_use_it(tmp_path, monkeypatch, capsys):
+    # Enough files that unpacking takes far longer than checking: every racer finds the
+    # tree damaged before any has unpacked it again.
+    sdist = tmp_path / "vllm-1.0.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for i in range(3000):
+            data = f"X = {i}\n".encode()
+            info = tarfile.TarInfo(f"vllm-1.0.0/vllm/m{i % 30}/f{i}.py")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    sha256 = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    pin = PinnedFile(sdist.name, sha256)
+    files = PristineFiles(UpstreamRelease("1.0.0", PinnedFile("u.whl", "0" * 64), pin),
+                          Path(), sdist)
+    root = PristineTree.from_files(files).root
+    intact = _contents(root)
+    (root / "vllm" / "m0" / "f0.py").write_text("damaged\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(sdist), str(tmp_path / f"r{i}"),
+                                sha256], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for i in range(RACERS)]
+    assert [racer.stdout.readline() for racer in racers] == ["ready\n"] * RACERS
+    for racer in racers:
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    errors = [racer.communicate(timeout=300)[1] for racer in racers]
+    assert [racer.returncode for racer in racers] == [0] * RACERS, errors
+    assert sum(e.count("unpacking it again") for e in errors) == 1, errors
+    for i in range(RACERS):
+        assert _contents(tmp_path / f"r{i}" / "applied") == intact
+    assert _contents(root) == intact
