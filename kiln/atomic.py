@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiln.errors import naming
+
 
 @contextlib.contextmanager
 def replacing(target: Path, mode: int = 0o644) -> Iterator[Path]:
@@ -22,7 +24,8 @@ def replacing(target: Path, mode: int = 0o644) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
+        with naming(tmp):
+            yield tmp
         tmp.chmod(mode)  # mkstemp makes it owner-only; what kiln writes is for anyone to read
         os.replace(tmp, target)
     except BaseException:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.atomic import replacing
+from kiln.errors import naming
 from kiln.fetch import PristineFiles
 from kiln.paths import cache_dir
 
@@ -140,7 +141,7 @@ def _unpack(sdist: Path, target: Path, unrecorded: bool) -> None:
     (the tree there before is removed with the folder). An ``unrecorded`` tree (no
     manifest, or one of an older format) that equals the sdist's is kept."""
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
-        with tarfile.open(sdist) as tar:
+        with tarfile.open(sdist) as tar, naming(tmp):
             tar.extractall(tmp, filter="data")
         (top,) = Path(tmp).iterdir()
         if unrecorded and target.is_dir() and tree_manifest(target) == tree_manifest(top):

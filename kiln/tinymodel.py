@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.stampedfolder import StampedFolder
 
@@ -379,7 +379,7 @@ def _write_safetensors(path: Path, entries: Sequence[_Entry], dtype: str) -> Non
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    with path.open("wb") as f:
+    with naming(path), path.open("wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for name, shape, make in entries:
@@ -748,7 +748,8 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with naming(path):
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def model_folder(out: Path) -> StampedFolder:
@@ -789,24 +790,25 @@ def build(
     # half-written folder that a later run could mistake for a model.
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
     try:
-        tokenizer = _train_tokenizer(spec, corpus)
-        _write_tokenizer(tokenizer, tmp)
-        stamp: dict[str, Any] = {
-            "fingerprint": print_, "spec": spec_dict(spec), "corpus": corpus.name,
-        }
-        if spec.init == "transformers" and spec.copy_period is None:
-            _write_model(spec, tokenizer, tmp)
-        else:
-            copy = _write_streamed(spec, tokenizer, tmp)
-            if copy is not None:
-                stamp["copy"] = copy
-        _write_json(tmp / STAMP, stamp)
-        # mkdtemp and the safetensors writer make owner-only files; a model
-        # folder is shared (CI users, servers running as another user).
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        folder.replace_with(tmp)
+        with naming(tmp):  # what transformers and tokenizers write names no file
+            tokenizer = _train_tokenizer(spec, corpus)
+            _write_tokenizer(tokenizer, tmp)
+            stamp: dict[str, Any] = {
+                "fingerprint": print_, "spec": spec_dict(spec), "corpus": corpus.name,
+            }
+            if spec.init == "transformers" and spec.copy_period is None:
+                _write_model(spec, tokenizer, tmp)
+            else:
+                copy = _write_streamed(spec, tokenizer, tmp)
+                if copy is not None:
+                    stamp["copy"] = copy
+            _write_json(tmp / STAMP, stamp)
+            # mkdtemp and the safetensors writer make owner-only files; a model
+            # folder is shared (CI users, servers running as another user).
+            tmp.chmod(0o755)
+            for path in tmp.iterdir():
+                path.chmod(0o644)
+            folder.replace_with(tmp)
     finally:
         # Never masks the error that ended the build.
         shutil.rmtree(tmp, ignore_errors=True)

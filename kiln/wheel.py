@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kiln.atomic import replacing
 from kiln.csrc import build_csrc
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.fetch import fetch
 from kiln.kvarncuda import build_kvarn_library
 from kiln.lock import UpstreamLock
@@ -161,7 +161,8 @@ def _patched_files(source: zipfile.ZipFile, topics: list[Topic]) -> dict[str, by
         for path in touched:
             if path in names:
                 (tree / path).parent.mkdir(parents=True, exist_ok=True)
-                (tree / path).write_bytes(source.read(path))
+                with naming(tree / path):
+                    (tree / path).write_bytes(source.read(path))
         apply_series(tree, topics)
         return {p: (tree / p).read_bytes() if (tree / p).exists() else None for p in touched}
 

@@ -162,6 +162,17 @@ class KilnCheckout:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def can_mount_in_own_namespace() -> bool:
+    """Whether unshare can give a process a private mount namespace to mount a tmpfs in."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
+                            "mount -t tmpfs -o ro none /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> KilnCheckout:
     return KilnCheckout(tmp_path)

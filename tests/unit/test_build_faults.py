@@ -8,7 +8,6 @@ synthetic upstream wheel (tests/unit/conftest.py: KilnCheckout).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from kiln.kvarncuda import cuda_build
 from kiln.paths import REPO_ROOT
-from tests.unit.conftest import KilnCheckout
+from tests.unit.conftest import KilnCheckout, can_mount_in_own_namespace
 
 
 ATTEMPTS = 5
@@ -122,15 +121,7 @@ def test_a_file_as_out_is_one_error_line_naming_it(checkout, tmp_path):
     assert out.read_text() == "a file, not a folder\n"
 
 
-def _can_mount_in_own_namespace() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
-                            "mount -t tmpfs -o ro none /mnt"], capture_output=True)
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount_in_own_namespace(),
+@pytest.mark.skipif(not can_mount_in_own_namespace(),
                     reason="needs unshare with a private mount namespace to make a read-only folder")
 def test_a_read_only_out_reports_the_write_that_failed_not_the_cleanup(checkout, tmp_path):
     # A read-only mount (in a private mount namespace, gone when the process ends):
