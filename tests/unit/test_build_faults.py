@@ -179,3 +179,14 @@ def test_sigterm_mid_compile_ends_every_nvcc_process_and_its_temporary_files(tmp
     assert left == [], f"still running after kiln exited: {left}"
     assert sorted(p.name for p in scratch.iterdir()) == []
     assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
+
+
+def test_a_wheel_left_by_a_killed_build_is_removed_by_the_next(checkout, tmp_path):
+    proc, out = _build_stopped_mid_write(checkout, tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    [abandoned] = out.glob(".*.tmp")
+    result = checkout.run("build", "--out", str(out), "--no-xgrammar")
+    assert result.returncode == 0, result.stderr
+    assert f"removed {abandoned}, left unfinished by a build that was killed" in result.stdout
+    assert [p.name for p in out.iterdir()] == [_wheel(out).name]
