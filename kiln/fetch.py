@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
 from kiln.paths import cache_dir
 
@@ -177,6 +177,7 @@ def download_from_index(pin: PinnedFile, dest: Path) -> Path:
     if url is None:
         raise KilnError(f"{pin.name} is not on the package index {index_url()}")
     path = dest / pin.name
-    with urllib.request.urlopen(url, timeout=600) as response, path.open("wb") as out:
+    with urllib.request.urlopen(url, timeout=600) as response, naming(path), \
+            path.open("wb") as out:
         shutil.copyfileobj(response, out, 1 << 20)
     return path

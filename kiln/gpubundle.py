@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln import fatbin
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.fetch import sha256_of
 from kiln.gpulock import LOCK_PATH, GpuBundleLock
 from kiln.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS, WHEELS
@@ -196,7 +196,8 @@ def classify(wheel: zipfile.ZipFile) -> tuple[list[str], list[str]]:
 def _python_tree(wheel: zipfile.ZipFile, names: list[str], target: Path, log: Log) -> None:
     log(f"compressing the wheel's {len(names)} Python and data files")
     started = time.monotonic()
-    with tarfile.open(target, "w:xz", preset=XZ_PRESET, format=tarfile.PAX_FORMAT) as tree:
+    with naming(target), tarfile.open(target, "w:xz", preset=XZ_PRESET,
+                                      format=tarfile.PAX_FORMAT) as tree:
         for name in sorted(names):
             data = wheel.read(name)
             info = tarfile.TarInfo(name)
@@ -215,7 +216,8 @@ def _slimmed(data: bytes, name: str, archs: tuple[int, ...], target: Path, log: 
             f"({', '.join(f'{n} {c}' for n, c in sorted(kept.items())) or 'none'}), "
             f"zeroed {len(slim.zeroed)} ({mib(slim.zeroed_bytes)})")
     started = time.monotonic()
-    target.write_bytes(lzma.compress(slim.data, preset=XZ_PRESET))
+    with naming(target):
+        target.write_bytes(lzma.compress(slim.data, preset=XZ_PRESET))
     log(f"compressed {name}: {mib(len(data))} -> {mib(target.stat().st_size)} "
         f"in {time.monotonic() - started:.0f} s")
 
@@ -403,11 +405,13 @@ def build_gpu_bundle(out: Path, archs: tuple[int, ...] = DEFAULT_ARCHS, wheel: P
             _copy_sources(root, stage / SOURCES, log)
             standin = stage / STANDINS / STANDIN_FA2
             standin.parent.mkdir(parents=True)
-            standin.write_text(STANDIN_TEXT)
+            with naming(standin):
+                standin.write_text(STANDIN_TEXT)
             shutil.copyfile(RUN_SCRIPT, stage / RUN)
             (stage / RUN).chmod(0o755)
             manifest = _manifest(stage, version, archs, lock, xgrammar)
-            (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            with naming(stage / MANIFEST):
+                (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
             parts = _parts(stage)
             check_budget(parts, limit)
             stage.chmod(0o755)

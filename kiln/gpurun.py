@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 
 # The bundle's layout, shared with kiln/gpubundle.py, which writes it.
 MANIFEST = "manifest.json"
@@ -154,7 +154,8 @@ def check(bundle: Path, machine_json: Path) -> None:
     reason = refusal(machine, manifest)
     if reason:
         raise KilnError(reason)
-    machine_json.write_text(json.dumps(asdict(machine), indent=1) + "\n")
+    with naming(machine_json):
+        machine_json.write_text(json.dumps(asdict(machine), indent=1) + "\n")
     print(f"kiln gpu bundle: {machine.device} (sm_{machine.capability.replace('.', '')}), "
           f"torch {machine.torch}, triton {machine.triton}, fork {manifest['fork_version']}",
           file=sys.stderr)
@@ -192,12 +193,13 @@ def install(bundle: Path, site: Path) -> None:
     )
     if result.returncode != 0:
         raise KilnError(f"pip could not install the bundle's wheels:\n{result.stderr[-3000:]}")
-    with tarfile.open(bundle / PYTHON_TREE) as tree:
+    with tarfile.open(bundle / PYTHON_TREE) as tree, naming(site):
         tree.extractall(site, filter="data")
     for packed in sorted((bundle / COMPILED).rglob("*.xz")):
         target = site / packed.relative_to(bundle / COMPILED).with_suffix("")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(lzma.decompress(packed.read_bytes()))
+        with naming(target):
+            target.write_bytes(lzma.decompress(packed.read_bytes()))
         target.chmod(0o755)
     for standin in sorted(p for p in (bundle / STANDINS).rglob("*") if p.is_file()):
         target = site / standin.relative_to(bundle / STANDINS)
@@ -206,7 +208,8 @@ def install(bundle: Path, site: Path) -> None:
     # `vllm serve` as an installed wheel gives it (pip wrote the other wheels' scripts).
     launcher = site / "bin" / "vllm"
     launcher.parent.mkdir(exist_ok=True)
-    launcher.write_text(VLLM_LAUNCHER)
+    with naming(launcher):
+        launcher.write_text(VLLM_LAUNCHER)
     launcher.chmod(0o755)
 
 
@@ -243,7 +246,8 @@ def summary(bundle: Path, machine_json: Path, results: Path, status: int, start:
         "wall_seconds": round(time.time() - start, 1),
         "exit_status": status,
     }
-    (results / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
+    with naming(results / "summary.json"):
+        (results / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
     files = sorted(str(p.relative_to(results)) for p in results.rglob("*") if p.is_file())
     if len(files) > MAX_RESULT_FILES:
         print(f"kiln gpu bundle: warning: {len(files)} files in {results}, more than the "

@@ -28,6 +28,7 @@ from types import ModuleType
 from kiln.atomic import replacing
 from kiln.errors import KilnError
 from kiln.paths import cache_dir
+from kiln.signals import uninterrupted
 
 SOURCE = "csrc/kvarn/kvarn_decode.cu"
 WHEEL_PATH = "vllm/kvarn/libkvarn_decode.so"
@@ -63,7 +64,8 @@ def _compile(build: ModuleType, nvcc: str, source: bytes, out_dir: Path) -> Path
             fcntl.flock(lock, fcntl.LOCK_EX)  # one staged source per machine at a time
             staged_source().write_bytes(source)
             os.utime(staged_source(), (STAGED_MTIME, STAGED_MTIME))
-            return build.compile_library(out_dir, build.ARCHS, staged_source(), nvcc)
+            return build.compile_library(out_dir, build.ARCHS, staged_source(), nvcc,
+                                         cleanup_guard=uninterrupted)
     except OSError as exc:
         raise KilnError(f"cannot stage {SOURCE} in {STAGE} for nvcc: {exc}") from None
     except RuntimeError as exc:

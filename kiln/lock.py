@@ -36,6 +36,34 @@ class UpstreamRelease:
     sdist: PinnedFile
 
 
+_TOML_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+               (list, "an array"), (dict, "a table"))
+_PINNED_KEYS = ("wheel", "wheel_sha256", "sdist", "sdist_sha256")
+
+
+def _toml_type(value: object) -> str:
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "a date or time")
+
+
+def _expect(path: Path, key: str, value: object, kind: type, name: str) -> None:
+    if not isinstance(value, kind):
+        raise KilnError(f"{path}: {key} is {_toml_type(value)} ({value!r}); expected {name}")
+
+
+def _check_types(path: Path, data: dict) -> None:
+    """Refuse a value of the wrong type, naming its key and the type expected."""
+    if "default" in data:
+        _expect(path, "default", data["default"], str, "a string (a pinned version)")
+    versions = data.get("versions", {})
+    _expect(path, "versions", versions, dict, 'a table of [versions."X.Y.Z"] tables')
+    for version, entry in versions.items():
+        key = f'versions."{version}"'
+        _expect(path, key, entry, dict, "a table (wheel, wheel_sha256, sdist, sdist_sha256)")
+        for name in _PINNED_KEYS:
+            if name in entry:
+                _expect(path, f"{key}.{name}", entry[name], str, "a string")
+
+
 @dataclass(frozen=True)
 class UpstreamLock:
     default: str
@@ -45,6 +73,7 @@ class UpstreamLock:
     @classmethod
     def load(cls, path: Path = LOCK_PATH) -> UpstreamLock:
         data = read_toml(path, "missing; it pins the pristine upstream files")
+        _check_types(path, data)
         releases = {}
         for version, entry in data.get("versions", {}).items():
             try:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
 
 TOOLS_REQUIREMENTS = REPO_ROOT / "requirements" / "build.txt"
@@ -61,7 +61,8 @@ def tools_venv(log: Log = print) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise KilnError(f"{what} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    (venv / COMPLETE).write_text(text)
+    with naming(venv / COMPLETE):
+        (venv / COMPLETE).write_text(text)
     return venv
 
 

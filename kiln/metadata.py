@@ -7,7 +7,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.fetch import fetch
 from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
@@ -83,4 +83,5 @@ def write_dist_info(target: Path, root: Path = REPO_ROOT) -> None:
     with zipfile.ZipFile(fetch(lock.default, lock=lock).wheel) as upstream:
         for rel, (_, data) in dist_info_files(upstream, version, pins, fork_notice(root)).items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes(data)
+            with naming(target / rel):
+                (target / rel).write_bytes(data)

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.errors import naming
 from kiln.paths import REPO_ROOT
 from kiln.pristine import PristineTree
 
@@ -70,7 +71,8 @@ def read_baseline(version: str) -> set[str]:
 def write_baseline(version: str, passed: set[str], note: str) -> Path:
     path = baseline_path(version)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {note}\n" + "".join(f"{n}\n" for n in sorted(passed)))
+    with naming(path):
+        path.write_text(f"# {note}\n" + "".join(f"{n}\n" for n in sorted(passed)))
     return path
 
 

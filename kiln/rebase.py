@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kiln.diff import parse_diff
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.git import DIFF_OPTIONS, git, git_env, is_dirty, rebase_in_progress
 from kiln.materialize import fork_branch, upstream_tag
 from kiln.series import SEPARATOR, Topic
@@ -268,8 +268,11 @@ def _added_lines(text: str) -> list[tuple[str, str]]:
 def write_report(repo: Path, report: RebaseReport) -> Path:
     folder = state_dir(repo)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    (folder / "report.md").write_text(report.markdown())
+    with naming(folder / "report.json"):
+        (folder / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    with naming(folder / "report.md"):
+        (folder / "report.md").write_text(report.markdown())
     if report.range_diff:
-        (folder / "range-diff.txt").write_text(report.range_diff)
+        with naming(folder / "range-diff.txt"):
+            (folder / "range-diff.txt").write_text(report.range_diff)
     return folder

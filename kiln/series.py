@@ -26,6 +26,7 @@ from kiln.diff import FileDiff, parse_diff
 from kiln.errors import KilnError
 from kiln.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
+from kiln.textfile import read_utf8
 
 HEADER_FIELDS = ("Topic", "Kind", "What", "Upstream", "Cut-against", "Retires-when")
 KINDS = ("fix", "feature", "backport", "own", "local")
@@ -64,7 +65,7 @@ class Topic:
 
     @classmethod
     def parse(cls, path: Path, text: str | None = None) -> Topic:
-        text = path.read_text() if text is None else text
+        text = read_utf8(path) if text is None else text
         message, sep, diff = text.partition("\n" + SEPARATOR)
         if not sep:
             raise KilnError(f"{path.name}: no '---' line between the header and the diff")
@@ -127,7 +128,7 @@ class Series:
         series_file = directory / "series"
         if not series_file.exists():
             raise KilnError(f"{series_file}: missing; it lists the patches in apply order")
-        entries = parse_series_file(series_file.read_text())
+        entries = parse_series_file(read_utf8(series_file))
         problems = []
         listed = set(entries)
         for name in entries:

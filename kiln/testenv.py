@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
 from kiln.pins import requirement_name
 
@@ -92,13 +92,15 @@ def test_venv(wheel: Path, log=print) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     python = str(path / "bin" / "python")
     reqs_file = path.parent / f"{path.name}.requirements.txt"
-    reqs_file.write_text("\n".join(requirements) + "\n")
+    with naming(reqs_file):
+        reqs_file.write_text("\n".join(requirements) + "\n")
     _run([sys.executable, "-m", "venv", str(path)], "create the test venv", log)
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run([*pip, torch], f"install {torch}", log)
     _run([*pip, "-r", str(reqs_file), "-r", str(REPO_ROOT / "requirements" / "test.txt")],
          "install the fork's dependencies and the test tools", log)
-    (path / COMPLETE).write_text(wheel.name + "\n")
+    with naming(path / COMPLETE):
+        (path / COMPLETE).write_text(wheel.name + "\n")
     return path
 
 
@@ -123,11 +125,13 @@ def fork_venv(base: Path, wheels: list[Path], log=print) -> Path:
     _run([str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(path)],
          "create the fork venv", log)
     site = _site_packages(path)
-    (site / BASE_PTH).write_text(f"{_site_packages(base)}\n")
+    with naming(site / BASE_PTH):
+        (site / BASE_PTH).write_text(f"{_site_packages(base)}\n")
     _run([str(path / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
           "-q", "--no-deps", *map(str, wheels)], f"install {', '.join(w.name for w in wheels)}",
          log)
-    (path / COMPLETE).write_text("".join(f"{w.name}\n" for w in wheels))
+    with naming(path / COMPLETE):
+        (path / COMPLETE).write_text("".join(f"{w.name}\n" for w in wheels))
     return path
 
 

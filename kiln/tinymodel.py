@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
+from kiln.stampedfolder import StampedFolder
 
 CORPUS = REPO_ROOT / "tests" / "e2e" / "data" / "corpus.txt"
 STAMP = "kiln-tiny-model.json"
@@ -378,7 +379,7 @@ def _write_safetensors(path: Path, entries: Sequence[_Entry], dtype: str) -> Non
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    with path.open("wb") as f:
+    with naming(path), path.open("wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for name, shape, make in entries:
@@ -747,17 +748,12 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with naming(path):
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _stamp_matches(out: Path, print_: str) -> bool:
-    stamp = out / STAMP
-    if not stamp.is_file():
-        return False
-    try:
-        return json.loads(stamp.read_text()).get("fingerprint") == print_
-    except json.JSONDecodeError:
-        return False
+def model_folder(out: Path) -> StampedFolder:
+    return StampedFolder(out, STAMP, MODEL_FILES, "tiny model")
 
 
 def build(
@@ -779,9 +775,10 @@ def build(
         raise KilnError(f"tokenizer corpus {corpus} is missing")
     out = (out or default_out(spec)).resolve()
     print_ = fingerprint(spec, corpus)
-    if _stamp_matches(out, print_):
+    folder = model_folder(out)
+    if folder.holds(print_):
         return out
-    _refuse_foreign_files(out, MODEL_FILES)
+    folder.check_replaceable()
     missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
     if missing:
         raise KilnError(
@@ -793,63 +790,37 @@ def build(
     # half-written folder that a later run could mistake for a model.
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
     try:
-        tokenizer = _train_tokenizer(spec, corpus)
-        _write_tokenizer(tokenizer, tmp)
-        stamp: dict[str, Any] = {
-            "fingerprint": print_, "spec": spec_dict(spec), "corpus": corpus.name,
-        }
-        if spec.init == "transformers" and spec.copy_period is None:
-            _write_model(spec, tokenizer, tmp)
-        else:
-            copy = _write_streamed(spec, tokenizer, tmp)
-            if copy is not None:
-                stamp["copy"] = copy
-        _write_json(tmp / STAMP, stamp)
-        # mkdtemp and the safetensors writer make owner-only files; a model
-        # folder is shared (CI users, servers running as another user).
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        _refuse_foreign_files(out, MODEL_FILES | {p.name for p in tmp.iterdir()})
-        old = tmp.with_name(tmp.name + "-old")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        with naming(tmp):  # what transformers and tokenizers write names no file
+            tokenizer = _train_tokenizer(spec, corpus)
+            _write_tokenizer(tokenizer, tmp)
+            stamp: dict[str, Any] = {
+                "fingerprint": print_, "spec": spec_dict(spec), "corpus": corpus.name,
+            }
+            if spec.init == "transformers" and spec.copy_period is None:
+                _write_model(spec, tokenizer, tmp)
+            else:
+                copy = _write_streamed(spec, tokenizer, tmp)
+                if copy is not None:
+                    stamp["copy"] = copy
+            _write_json(tmp / STAMP, stamp)
+            # mkdtemp and the safetensors writer make owner-only files; a model
+            # folder is shared (CI users, servers running as another user).
+            tmp.chmod(0o755)
+            for path in tmp.iterdir():
+                path.chmod(0o644)
+            folder.replace_with(tmp)
     finally:
         # Never masks the error that ended the build.
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _refuse_foreign_files(out: Path, owned: frozenset[str] | set[str]) -> None:
-    """Refuse to replace ``out`` unless it is empty or holds a tiny model (its stamp)
-    and nothing but the files a build writes."""
-    if out.exists() and not out.is_dir():
-        raise KilnError(f"{out} is a file, not a folder; pass an empty or new folder to --out")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    if not (out / STAMP).is_file():
-        raise KilnError(
-            f"{out} exists and is not a kiln tiny model folder; "
-            "pass an empty or new folder to --out"
-        )
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in owned)
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise KilnError(
-            f"{out} holds {shown}, which tiny-model did not write; it only replaces a "
-            "folder holding a tiny model and nothing else: move those out or pass an "
-            "empty or new folder to --out"
-        )
-
-
 def read_spec(folder: Path) -> TinySpec:
     """The spec a built folder was made from (its stamp)."""
-    stamp = Path(folder) / STAMP
-    if not stamp.is_file():
+    record = model_folder(Path(folder)).record()
+    if record is None:
         raise KilnError(f"{folder} is not a kiln tiny model folder (no {STAMP})")
-    return spec_from_dict(json.loads(stamp.read_text())["spec"])
+    return spec_from_dict(record["spec"])
 
 
 def copy_prompt(
@@ -902,6 +873,8 @@ def tree_digest(folder: Path) -> str:
 # A tiny random DFlash2 drafter for a target folder.
 
 DRAFTER_STAMP = "kiln-dflash2-drafter.json"
+# Every file a drafter build writes.
+DRAFTER_FILES = frozenset({"config.json", "model.safetensors", DRAFTER_STAMP})
 DRAFTER_GENERATOR_VERSION = 1
 
 
@@ -1096,6 +1069,10 @@ def _drafter_entries(spec: DrafterSpec, target: dict[str, Any]) -> list[_Entry]:
     return [(n, s, make(n, s)) for n, s in drafter_shapes(spec, target)]
 
 
+def drafter_folder(out: Path) -> StampedFolder:
+    return StampedFolder(out, DRAFTER_STAMP, DRAFTER_FILES, "DFlash2 drafter")
+
+
 def drafter_fingerprint(spec: DrafterSpec, target_config_bytes: bytes) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(asdict(spec), sort_keys=True).encode())
@@ -1116,14 +1093,12 @@ def build_dflash2_drafter(target: Path, out: Path | None = None,
     validate_drafter(spec, target_config)
     print_ = drafter_fingerprint(spec, config_path.read_bytes())
     out = (out or cache_dir() / "tiny-model" / f"dflash2-{print_}").resolve()
-    stamp = out / DRAFTER_STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == print_:
+    folder = drafter_folder(out)
+    if folder.holds(print_):
         return out
+    folder.check_replaceable()
     if importlib.util.find_spec("torch") is None:
         raise KilnError(f"the drafter needs torch in this Python ({sys.executable})")
-    if out.exists() and any(out.iterdir()) and not stamp.is_file():
-        raise KilnError(f"{out} exists and is not a kiln drafter folder; "
-                        "pass an empty or new folder to --out")
     dtype = str(target_config.get("dtype") or target_config.get("torch_dtype") or "bfloat16")
     if dtype not in DTYPES:
         raise KilnError(f"--target {target}: dtype {dtype} is not one of {', '.join(DTYPES)}")
@@ -1138,10 +1113,8 @@ def build_dflash2_drafter(target: Path, out: Path | None = None,
         tmp.chmod(0o755)
         for path in tmp.iterdir():
             path.chmod(0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        folder.replace_with(tmp)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        # Never masks the error that ended the build.
+        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.atomic import replacing
+from kiln.atomic import remove_abandoned, replacing
 from kiln.csrc import build_csrc
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.fetch import fetch
 from kiln.kvarncuda import build_kvarn_library
 from kiln.lock import UpstreamLock
@@ -161,7 +161,8 @@ def _patched_files(source: zipfile.ZipFile, topics: list[Topic]) -> dict[str, by
         for path in touched:
             if path in names:
                 (tree / path).parent.mkdir(parents=True, exist_ok=True)
-                (tree / path).write_bytes(source.read(path))
+                with naming(tree / path):
+                    (tree / path).write_bytes(source.read(path))
         apply_series(tree, topics)
         return {p: (tree / p).read_bytes() if (tree / p).exists() else None for p in touched}
 
@@ -203,6 +204,8 @@ def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_
 
     wheel_name = upstream_wheel.name.replace(f"-{release.version}-", f"-{version}-", 1)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for abandoned in remove_abandoned(out_dir, "vllm-*.whl"):
+        log(f"removed {abandoned}, left unfinished by a build that was killed")
     target = out_dir / wheel_name
     with zipfile.ZipFile(upstream_wheel) as source, tempfile.TemporaryDirectory() as csrc_build:
         names = source.namelist()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.fetch import fetch_pinned, download_from_index, sha256_of
 from kiln.lock import PinnedFile
 from kiln.manylinux import TOOLS_REQUIREMENTS, repair
@@ -316,7 +316,7 @@ def _build_into_cache(sdist: Path, topics: list[Topic], version: str, python: In
 
 
 def _unpack(sdist: Path, into: Path) -> Path:
-    with tarfile.open(sdist) as tar:
+    with tarfile.open(sdist) as tar, naming(into):
         tar.extractall(into, filter="data")
     roots = [p for p in into.iterdir() if p.is_dir()]
     if len(roots) != 1:
@@ -420,7 +420,8 @@ def runtime_python(log: Log = print) -> Path:
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run([*pip, TORCH], "install CPU torch")
     _run([*pip, "-r", str(RUNTIME_REQUIREMENTS)], f"install {RUNTIME_REQUIREMENTS.name}")
-    (venv / COMPLETE).write_text(text)
+    with naming(venv / COMPLETE):
+        (venv / COMPLETE).write_text(text)
     return python
 
 
@@ -434,7 +435,8 @@ def install_target(wheel: Path, log: Log = print) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
         _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
               "--no-deps", "--target", tmp, str(wheel)], f"unpack {wheel.name}")
-        (Path(tmp) / COMPLETE).write_text(wheel.name + "\n")
+        with naming(Path(tmp) / COMPLETE):
+            (Path(tmp) / COMPLETE).write_text(wheel.name + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
         os.mkdir(tmp)  # TemporaryDirectory removes its folder on exit
@@ -465,7 +467,8 @@ def sdist_tests(log: Log = print) -> Path:
         tree = _unpack(sdist, Path(tmp) / "src")
         shutil.move(str(tree / "tests"), str(Path(tmp) / "tests"))
         shutil.rmtree(Path(tmp) / "src")
-        (Path(tmp) / COMPLETE).write_text(lock.sdist.name + "\n")
+        with naming(Path(tmp) / COMPLETE):
+            (Path(tmp) / COMPLETE).write_text(lock.sdist.name + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
         os.mkdir(tmp)  # TemporaryDirectory removes its folder on exit

@@ -7,9 +7,13 @@ its file (``kvarn/__init__`` imports torch).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 LIB_NAME = "libkvarn_decode.so"
@@ -41,9 +45,16 @@ def nvcc_command(nvcc: str, source, out, archs=ARCHS, ptxas_verbose: bool = Fals
 
 
 def compile_library(out_dir, archs=ARCHS, source=None, nvcc: str | None = None,
-                    ptxas_verbose: bool = False, threads: int = 0, cwd=None) -> Path:
+                    ptxas_verbose: bool = False, threads: int = 0, cwd=None,
+                    cleanup_guard=contextlib.nullcontext) -> Path:
     """out_dir/libkvarn_decode.so; nvcc's command and output go to out_dir/build.log.
-    Raises RuntimeError naming what failed (no nvcc, or nvcc's own errors)."""
+    Raises RuntimeError naming what failed (no nvcc, or nvcc's own errors).
+
+    nvcc runs in a process group of its own with its temporary files in a private
+    folder: when the caller is interrupted (Ctrl-C, or SIGTERM raised as an exception)
+    the whole group (cicc, ptxas, the host compiler) is killed and waited for, and the
+    folder removed. ``cleanup_guard()`` wraps that cleanup, so a caller can keep a
+    second signal from cutting it short (kiln passes kiln.signals.uninterrupted)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (PATH or $CUDA_HOME/bin)")
@@ -51,11 +62,49 @@ def compile_library(out_dir, archs=ARCHS, source=None, nvcc: str | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / LIB_NAME
     cmd = nvcc_command(nvcc, source or SOURCE, out, archs, ptxas_verbose, threads)
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-    (out_dir / "build.log").write_text(" ".join(cmd) + "\n" + run.stdout + run.stderr)
-    if run.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({run.returncode}):\n{run.stderr[-4000:]}")
+    scratch = tempfile.mkdtemp(prefix="kvarn-nvcc-")
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=cwd, env={**os.environ, "TMPDIR": scratch},
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:
+            with cleanup_guard():
+                _end_group(proc)
+            raise
+    finally:
+        with cleanup_guard():
+            shutil.rmtree(scratch, ignore_errors=True)
+    (out_dir / "build.log").write_text(" ".join(cmd) + "\n" + stdout + stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({proc.returncode}):\n{stderr[-4000:]}")
     return out
+
+
+def _end_group(proc: subprocess.Popen, patience_s: float = 10.0) -> None:
+    """Kill nvcc's process group and wait until none of it runs; give up after
+    ``patience_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + patience_s
+    while _runs(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _runs(group: int) -> bool:
+    """Whether a process of ``group`` is still running. nvcc's children are not ours to
+    wait for, and once dead they may stay zombies (where pid 1 does not reap), so
+    /proc is read rather than asking kill(0), which counts zombies."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):  # it ended while we looked
+            continue
+        if state != "Z" and int(pgrp) == group:
+            return True
+    return False
 
 
 def nvcc_version(nvcc: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.errors import naming
 from kiln.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
 from kiln.fetch import fetch
 
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     snapshot = extract(files)
     path = snapshot_path(snapshot.version)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(snapshot.render())
+    with naming(path):
+        path.write_text(snapshot.render())
     pin = flash_attention_pin(files)
     write_pin(pin)
     for ns in snapshot.namespaces.values():

@@ -24,6 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
+from kiln.errors import naming
 from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
 from kiln.pinbump import sdist_tree
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     acceptances = load_acceptances(args.accept, args.new) if args.accept else []
     verdict = judge(findings, acceptances)
     if args.json:
-        args.json.write_text(json.dumps([f.to_json() for f in findings], indent=2) + "\n")
+        with naming(args.json):
+            args.json.write_text(json.dumps([f.to_json() for f in findings], indent=2) + "\n")
     print(f"port-check {old_version} -> {args.new}: {len(series.topics)} topic(s), "
           f"{len(findings)} finding(s), {len(verdict.accepted)} accepted, {len(verdict.open)} open")
     for finding in verdict.open:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT
 from kiln.lock import UpstreamLock
 from kiln.series import Series, series_dir
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
             raise KilnError(f"--update-readme: README.md lists the default pin's topics "
                             f"({default}), not {args.version}'s")
         readme = REPO_ROOT / "README.md"
-        readme.write_text(update_readme(readme.read_text(), series))
+        with naming(readme):
+            readme.write_text(update_readme(readme.read_text(), series))
         print(f"updated the topics table in {readme}")
     else:
         print(topics_table(series), end="")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,24 @@ def test_drafter_refuses_a_group_size_that_does_not_divide_the_hidden_size(model
     assert "--conv-group-size 24" in str(err.value) and "hidden size 128" in str(err.value)
     assert "16" in str(err.value).split("divisors")[1]
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_stale_drafter_folder_is_rebuilt_and_a_foreign_file_stops_it(models, tmp_path):
+    target, drafter = models
+    out = tmp_path / "drafter"
+    shutil.copytree(drafter, out)
+    stamp = out / tinymodel.DRAFTER_STAMP
+    older = json.dumps({**json.loads(stamp.read_text()), "fingerprint": "an older one"})
+    stamp.write_text(older)
+    (out / "config.json").write_text("{}\n")
+    assert tinymodel.build_dflash2_drafter(target, out) == out
+    assert tinymodel.tree_digest(out) == tinymodel.tree_digest(drafter)
+    stamp.write_text(older)
+    (out / "README.md").write_text("mine\n")
+    with pytest.raises(KilnError, match="holds README.md, which tiny-model did not write"):
+        tinymodel.build_dflash2_drafter(target, out)
+    assert (out / "README.md").read_text() == "mine\n" and stamp.read_text() == older
+    assert [p.name for p in tmp_path.iterdir()] == ["drafter"]
 
 
 def test_vllms_dflash2_model_class_builds_and_loads_every_checkpoint_tensor(child):

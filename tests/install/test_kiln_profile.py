@@ -133,23 +133,40 @@ def test_explicit_other_method_wins(parser, model, caplog) -> None:
     assert "the explicit config wins" in caplog.text
 
 
-def test_unknown_key_names_the_allowed_keys(parser, model) -> None:
-    with pytest.raises(ProfileError) as e:
-        resolve(parser, model, "--kiln-profile", "ctx=huge,turbo")
-    assert "unknown key 'turbo'" in str(e.value)
-    assert "ctx=fast|long|huge, spec=off|ngram|mtp|dflash2, prefix-cache, tool-strict" \
-        in str(e.value)
+def refused(parser, model: str, capsys, *argv: str) -> str:
+    """The error line argparse prints refusing `vllm serve MODEL ARGV` (exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        resolve(parser, model, *argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_unknown_value_names_the_allowed_values(parser, model) -> None:
-    with pytest.raises(ProfileError, match=r"ctx='giant' is not a choice; "
-                                           r"allowed: ctx=fast\|long\|huge"):
-        resolve(parser, model, "--kiln-profile", "ctx=giant")
+def test_unknown_key_names_the_allowed_keys(parser, model, capsys) -> None:
+    line = refused(parser, model, capsys, "--kiln-profile", "ctx=huge,turbo")
+    assert "error: argument --kiln-profile: unknown key 'turbo'" in line
+    assert "ctx=fast|long|huge, spec=off|ngram|mtp|dflash2, prefix-cache, tool-strict" in line
 
 
-def test_bare_flag_refuses_a_value(parser, model) -> None:
-    with pytest.raises(ProfileError, match="prefix-cache takes no value"):
-        resolve(parser, model, "--kiln-profile", "prefix-cache=yes")
+def test_unknown_value_names_the_allowed_values(parser, model, capsys) -> None:
+    line = refused(parser, model, capsys, "--kiln-profile", "ctx=giant")
+    assert line.endswith("error: argument --kiln-profile: ctx='giant' is not a choice; "
+                         "allowed: ctx=fast|long|huge")
+
+
+def test_bare_flag_refuses_a_value(parser, model, capsys) -> None:
+    line = refused(parser, model, capsys, "--kiln-profile", "prefix-cache=yes")
+    assert "argument --kiln-profile: prefix-cache='yes' is not a choice; prefix-cache takes " \
+        "no value" in line
+
+
+def test_a_bad_profile_is_one_error_line_from_vllm_serve(model) -> None:
+    result = subprocess.run([VLLM, "serve", model, "--kiln-profile", "ctx=giant"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "vllm serve: error: argument --kiln-profile: ctx='giant' is not a choice; "
+        "allowed: ctx=fast|long|huge")
 
 
 def test_dflash2_without_drafter_is_refused(parser, model) -> None:

@@ -110,9 +110,10 @@ class KilnCheckout:
     """A repository root laid out like this one (a copy of kiln/ and NOTICE, a lock, a
     series, an overlay, git) whose lock pins a small synthetic upstream wheel and sdist,
     already in its own KILN_CACHE: ``python -m kiln build`` runs there for real in
-    seconds."""
+    seconds. ``kvarn_cuda`` adds the KVarN CUDA source and its nvcc command, which the
+    build then compiles (where nvcc is) into an empty cache."""
 
-    def __init__(self, base: Path, payload_mib: int = 12):
+    def __init__(self, base: Path, payload_mib: int = 12, kvarn_cuda: bool = False):
         import hashlib
         import os
         import shutil
@@ -129,6 +130,10 @@ class KilnCheckout:
         shutil.copytree(REPO_ROOT / "kiln", self.root / "kiln",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         shutil.copy(REPO_ROOT / "NOTICE", self.root / "NOTICE")
+        if kvarn_cuda:
+            shutil.copytree(REPO_ROOT / "csrc" / "kvarn", self.root / "csrc" / "kvarn")
+            (self.root / "kvarn").mkdir()
+            shutil.copy(REPO_ROOT / "kvarn" / "cuda_build.py", self.root / "kvarn")
         (self.root / "requirements").mkdir()
         (self.root / "requirements" / "upstream.lock").write_text(
             f'default = "1.0.0"\n\n[versions."1.0.0"]\nwheel = "{WHEEL_NAME}"\n'
@@ -157,6 +162,17 @@ class KilnCheckout:
         proc = self.kiln(*args, **env)
         out, err = proc.communicate(timeout=300)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def can_mount_in_own_namespace() -> bool:
+    """Whether unshare can give a process a private mount namespace to mount a tmpfs in."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
+                            "mount -t tmpfs -o ro none /mnt"], capture_output=True)
+    return probe.returncode == 0
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""`python -m kiln build` under faults: concurrent builds, SIGTERM, an unwritable --out.
+"""`python -m kiln build` under faults: concurrent builds, SIGTERM (mid-write and
+mid-compile), an unwritable --out.
 
 Each test runs the real CLI in a subprocess on a checkout whose lock pins a small
 synthetic upstream wheel (tests/unit/conftest.py: KilnCheckout).
@@ -7,17 +8,19 @@ synthetic upstream wheel (tests/unit/conftest.py: KilnCheckout).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.unit.conftest import KilnCheckout
+from kiln.kvarncuda import cuda_build
+from kiln.paths import REPO_ROOT
+from tests.unit.conftest import KilnCheckout, can_mount_in_own_namespace
 
 
 ATTEMPTS = 5
@@ -118,15 +121,7 @@ def test_a_file_as_out_is_one_error_line_naming_it(checkout, tmp_path):
     assert out.read_text() == "a file, not a folder\n"
 
 
-def _can_mount_in_own_namespace() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
-                            "mount -t tmpfs -o ro none /mnt"], capture_output=True)
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount_in_own_namespace(),
+@pytest.mark.skipif(not can_mount_in_own_namespace(),
                     reason="needs unshare with a private mount namespace to make a read-only folder")
 def test_a_read_only_out_reports_the_write_that_failed_not_the_cleanup(checkout, tmp_path):
     # A read-only mount (in a private mount namespace, gone when the process ends):
@@ -143,3 +138,55 @@ def test_a_read_only_out_reports_the_write_that_failed_not_the_cleanup(checkout,
     assert last.startswith(f"kiln build: error: Read-only file system ({out}/.vllm-1.0.0+kiln.")
     assert last.endswith(".tmp)")
     assert "Traceback" not in result.stderr
+
+
+def _running_with(marker: str) -> list[str]:
+    """The names of the running (not zombie) processes whose environment holds ``marker``."""
+    names = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker.encode() not in (proc / "environ").read_bytes():
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            name = (proc / "comm").read_text().strip()
+        except OSError:  # it ended while we looked
+            continue
+        if state != "Z":
+            names.append(name)
+    return names
+
+
+@pytest.mark.skipif(cuda_build(REPO_ROOT).find_nvcc() is None, reason="needs nvcc to compile the KVarN library")
+def test_sigterm_mid_compile_ends_every_nvcc_process_and_its_temporary_files(tmp_path):
+    checkout = KilnCheckout(tmp_path, kvarn_cuda=True)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = f"kiln-test-{uuid.uuid4().hex}"
+    proc = checkout.kiln("build", "--out", str(tmp_path / "dist"), "--no-xgrammar",
+                         TMPDIR=str(scratch), KILN_TEST_MARKER=marker)
+    deadline = time.monotonic() + 180
+    while "cicc" not in _running_with(marker):  # nvcc's device compiler, a grandchild
+        if proc.poll() is not None:
+            pytest.fail(f"the build ended before nvcc ran cicc: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail("nvcc never ran cicc")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    left = _running_with(marker)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().endswith("kiln build: terminated") and "Traceback" not in stderr
+    assert left == [], f"still running after kiln exited: {left}"
+    assert sorted(p.name for p in scratch.iterdir()) == []
+    assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
+
+
+def test_a_wheel_left_by_a_killed_build_is_removed_by_the_next(checkout, tmp_path):
+    proc, out = _build_stopped_mid_write(checkout, tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    [abandoned] = out.glob(".*.tmp")
+    result = checkout.run("build", "--out", str(out), "--no-xgrammar")
+    assert result.returncode == 0, result.stderr
+    assert f"removed {abandoned}, left unfinished by a build that was killed" in result.stdout
+    assert [p.name for p in out.iterdir()] == [_wheel(out).name]
