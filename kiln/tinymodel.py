@@ -128,7 +128,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # this width in fp16 range (0.3 would not).
     "large": dict(
         num_layers=8, hidden_size=2048, intermediate_size=6144, num_heads=16,
-        num_kv_heads=8, head_dim=128, max_position_embeddings=40960,
+        num_kv_heads=8, head_dim=128, max_position_embeddings=131584,
         dtype="bfloat16", init="seeded", initializer_range=0.02,
     ),
 }
@@ -143,6 +143,11 @@ def preset(name: str, **overrides: Any) -> TinySpec:
     if unknown:
         raise KilnError(f"unknown TinySpec field(s): {', '.join(unknown)}")
     return replace(TinySpec(), **{**PRESETS[name], **overrides})
+
+
+def attention_layers(spec: TinySpec) -> int:
+    """Layers with a KV cache: all of a dense model's, the last of a hybrid's."""
+    return 1 if spec.hybrid else spec.num_layers
 
 
 def spec_dict(spec: TinySpec) -> dict[str, Any]:

@@ -349,55 +349,62 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
         server.stop()
 
 
+def _fresh(rng: random.Random, batch: int, context: int, vocab: int) -> list[list[int]]:
+    return [_random_ids(rng, context, vocab) for _ in range(batch)]
+
+
 def speed(spec: dict[str, Any]) -> dict[str, Any]:
-    """Decode tokens/s at each batch x context on the larger model, alone on the GPU:
-    one prefill of the longest prompts, then for each shape a warm-up, a 1-token and a
-    129-token generation over prefix-cache hits; decode = batch x 128 / their time
-    difference. The warm-up takes the shape's Triton JIT compiles out of the timing.
+    """Decode tokens/s at each batch x context as a user sees it, the engine alone on
+    the GPU: every timed generation prefills fresh prompts, which the prefix cache
+    (left as the spec sets it: on, upstream's default) cannot hold, and decode =
+    (time of a 129-token generation - time of a 1-token one) / 128, each over its own
+    fresh prompts of the shape, so the two prefills cancel. A warm-up generation over
+    other fresh prompts takes each shape's Triton JIT compiles out of the timing.
     With spec["profile_steps"], that many decode steps of the largest shape run under
     vLLM's torch profiler afterwards (the profiler idles through the timed runs)."""
+    import torch
+
     rng = random.Random(11)
     vocab = _vocab(spec["model"])
-    batches, contexts = spec["batches"], spec["contexts"]
-    longest = max(contexts)
-    seqs = [_random_ids(rng, longest, vocab) for _ in range(max(batches))]
+    shapes = [tuple(shape) for shape in spec["shapes"]]
     steps = spec.get("profile_steps", 0)
     trace_dir = Path(tempfile.mkdtemp(prefix="kiln-speed-profile-")) if steps else None
     profiler = {"profiler_config": {
         "profiler": "torch", "torch_profiler_dir": str(trace_dir),
         "torch_profiler_with_stack": False, "ignore_frontend": True}} if steps else {}
-    llm = _llm(spec, max_num_seqs=max(batches), **profiler)
-    started = time.perf_counter()
-    _generate(llm, seqs, _greedy(1))
-    prefill_s = time.perf_counter() - started
+    llm = _llm(spec, max_num_seqs=max(b for b, _ in shapes), **profiler)
     table = []
-    for ctx in contexts:
-        for batch in batches:
-            ids = [s[:ctx] for s in seqs[:batch]]
-            _generate(llm, ids, _greedy(2, ignore_eos=True))
-            times = {}
-            for n in (1, 129):
-                started = time.perf_counter()
-                _generate(llm, ids, _greedy(n, ignore_eos=True))
-                times[n] = time.perf_counter() - started
-            step = (times[129] - times[1]) / 128
-            table.append({"batch": batch, "context": ctx, "ms_per_step": step * 1e3,
-                          "tokens_per_s": batch / step})
-    result = {"prefill_tokens": len(seqs) * longest, "prefill_s": prefill_s, "table": table,
+    for batch, ctx in shapes:
+        _generate(llm, _fresh(rng, batch, ctx, vocab), _greedy(2, ignore_eos=True))
+        times = {}
+        for n in (1, 129):
+            ids = _fresh(rng, batch, ctx, vocab)
+            started = time.perf_counter()
+            _generate(llm, ids, _greedy(n, ignore_eos=True))
+            times[n] = time.perf_counter() - started
+        step = (times[129] - times[1]) / 128
+        table.append({"batch": batch, "context": ctx, "ms_per_step": step * 1e3,
+                      "tokens_per_s": batch / step, "prefill_s": times[1]})
+    result = {"table": table, "device": torch.cuda.get_device_name(),
+              "prefix_caching": spec.get("prefix_caching", True),
               "decode_kernel": [line for line in _log_lines() if "KVarN decode kernel" in line],
               **_pool(llm)}
     if steps:
-        ids = [s[:longest] for s in seqs[:max(batches)]]
+        batch, ctx = max(shapes, key=lambda shape: shape[0] * shape[1])
+        ids = _fresh(rng, batch, ctx, vocab)
         result["profile"] = _profiled_decode(llm, ids, steps, trace_dir)
     return result
 
 
 def _profiled_decode(llm, ids: list[list[int]], steps: int, trace_dir: Path) -> dict[str, Any]:
-    """``steps`` decode steps over ``ids`` (prefix-cache hits) under the torch profiler:
-    the first engine steps (the uncached tail's prefill, the first decodes) are skipped,
-    then the worker writes its table of kernels by device time, which names the steps
-    it covers."""
-    llm.start_profile(delay_iterations=PROFILE_DELAY_STEPS, max_iterations=steps)
+    """``steps`` decode steps over fresh ``ids`` under the torch profiler: the prefill
+    chunks (one engine step per max_num_batched_tokens) and the first decodes are
+    skipped, then the worker writes its table of kernels by device time, which names
+    the steps it covers."""
+    budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prefill_steps = -(-sum(map(len, ids)) // budget)
+    llm.start_profile(delay_iterations=prefill_steps + PROFILE_DELAY_STEPS,
+                      max_iterations=steps)
     started = time.perf_counter()
     _generate(llm, ids, _greedy(PROFILE_DELAY_STEPS + steps + 2, ignore_eos=True))
     seconds = time.perf_counter() - started

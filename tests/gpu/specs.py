@@ -83,21 +83,45 @@ JIT_RUNS = {
 }
 
 
-def speed_shapes(value: str | None = None) -> tuple[list[int], list[int]]:
-    """The speed runs' batches and contexts: 1, 8, 64 x 4K, 16K, or those of
-    $KILN_GPU_SPEED_SHAPES ("64x16384 8x4096": batches x contexts, every pair of them)."""
+MAX_SPEED_CONTEXT = 131072
+
+
+def speed_shapes(value: str | None = None) -> list[tuple[int, int]]:
+    """The speed runs' (batch, context) pairs: 1, 8, 64 x 4K, 16K, or those of
+    $KILN_GPU_SPEED_SHAPES ("64x16384 8x4096": each item one pair)."""
     value = os.environ.get("KILN_GPU_SPEED_SHAPES", "") if value is None else value
     if not value.strip():
-        return [1, 8, 64], [4096, 16384]
+        return [(b, c) for c in (4096, 16384) for b in (1, 8, 64)]
     try:
         pairs = [tuple(int(n) for n in item.split("x")) for item in value.split()]
     except ValueError:
         pairs = [()]
-    if any(len(pair) != 2 or not 1 <= pair[0] <= 64 or not 1 <= pair[1] <= 16384
+    if any(len(pair) != 2 or not 1 <= pair[0] <= 64 or not 1 <= pair[1] <= MAX_SPEED_CONTEXT
            for pair in pairs):
         raise ValueError(f"KILN_GPU_SPEED_SHAPES={value!r}: allowed: BATCHxCONTEXT items, "
-                         "batch 1..64, context 1..16384, e.g. '64x16384 1x4096'")
-    return sorted({b for b, _ in pairs}), sorted({c for _, c in pairs})
+                         f"batch 1..64, context 1..{MAX_SPEED_CONTEXT}, e.g. '64x16384 1x4096'")
+    return list(dict.fromkeys(pairs))
+
+
+SPEED_DTYPES_DEFAULT = ("auto", "fp8", "kvarn_k4v2_g128")
+SPEED_DTYPES_ALLOWED = ("auto", "fp8", "int8_per_token_head", "int4_per_token_head", *PRESETS)
+SPEED_MODELS_ALLOWED = ("large", "hybrid27")
+
+
+def speed_runs(dtypes: str | None = None, models: str | None = None) -> list[tuple[str, str]]:
+    """(model, cache dtype) of each speed run: $KILN_GPU_SPEED_MODELS (default "large")
+    x $KILN_GPU_SPEED_DTYPES (default bf16, fp8 and kvarn_k4v2_g128)."""
+    dtypes = os.environ.get("KILN_GPU_SPEED_DTYPES", "") if dtypes is None else dtypes
+    models = os.environ.get("KILN_GPU_SPEED_MODELS", "") if models is None else models
+    chosen_dtypes = dtypes.split() or list(SPEED_DTYPES_DEFAULT)
+    chosen_models = models.split() or ["large"]
+    for name, chosen, allowed in (("KILN_GPU_SPEED_DTYPES", chosen_dtypes, SPEED_DTYPES_ALLOWED),
+                                  ("KILN_GPU_SPEED_MODELS", chosen_models, SPEED_MODELS_ALLOWED)):
+        unknown = [c for c in chosen if c not in allowed]
+        if unknown:
+            raise ValueError(f"{name}: {' '.join(unknown)} not allowed; allowed: "
+                             f"{' '.join(allowed)}")
+    return [(m, d) for m in chosen_models for d in chosen_dtypes]
 
 
 def speed_profile_steps(value: str | None = None) -> int:
@@ -135,20 +159,47 @@ def profiled_steps(table: str) -> dict[str, int]:
     return {name: int(calls) for name, calls in PROFILE_STEP.findall(table)}
 
 
-SPEED_BATCHES, SPEED_CONTEXTS = speed_shapes()
+SPEED_SHAPES = speed_shapes()
 SPEED_PROFILE_STEPS = speed_profile_steps()
-HBM_BYTES_PER_S = 4.8e12  # the H200's datasheet bandwidth, the roofline of the speed table
+SPEED_RUNS = speed_runs()
+# Datasheet HBM bandwidth of the cards the tier runs on: the speed table's roofline.
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
 
 
-def kv_bytes_per_step(head_bytes_per_token: float, batch: int, context: int,
-                      model: str = "large") -> float:
+def hbm_bytes_per_s(device_name: str) -> float | None:
+    """The roofline bandwidth of a card by its CUDA name (None for a card not listed)."""
+    return next((bw for card, bw in HBM_BYTES_PER_S.items() if card in device_name), None)
+
+
+def kv_bytes_per_token_head(cache_dtype: str, head_dim: int) -> float:
+    """K and V bytes of one token and KV head as the cache stores them: KVarN's record
+    share (kvarn/preset.py), else the page upstream's Triton backend lays out
+    (TritonAttentionBackend.customize_spec: the per-token-head modes' inline scales)."""
+    import torch
+
+    from vllm.kvarn import Preset
+
+    if cache_dtype.startswith("kvarn_"):
+        return Preset.parse(cache_dtype).bytes_per_token(head_dim)
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+
+    dtype = torch.bfloat16 if cache_dtype == "auto" else STR_DTYPE_TO_TORCH_DTYPE[cache_dtype]
+    spec = TritonAttentionBackend.customize_spec(FullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=head_dim, dtype=dtype,
+        kv_quant_mode=get_kv_quant_mode(cache_dtype)))
+    return spec.page_size_bytes / 16
+
+
+def kv_bytes_per_step(cache_dtype: str, batch: int, context: int, model: str) -> float:
     """Bytes of KV cache one decode step must read on a kiln.tinymodel size: every
-    layer's keys and values of every request's context (head_bytes_per_token: K and V
-    of one token and KV head, e.g. 4 * head_dim for bf16)."""
-    from kiln.tinymodel import PRESETS as SIZES
+    attention layer's keys and values of every request's context."""
+    from kiln.tinymodel import attention_layers, preset
 
-    size = SIZES[model]
-    return head_bytes_per_token * size["num_kv_heads"] * size["num_layers"] * batch * context
+    size = preset(model)
+    return (kv_bytes_per_token_head(cache_dtype, size.head_dim) * size.num_kv_heads
+            * attention_layers(size) * batch * context)
 
 SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{name: ("spec_decode", "copy128", spec) for name, spec in SPEC_RUNS.items()},
@@ -175,9 +226,12 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
     "profile-huge-ngram": ("profile", "copy128",
                            dict(profile="ctx=huge,spec=ngram,prefix-cache")),
-    **{f"speed-{dt}": ("speed", "large", dict(
+    # As a user serves: prefix caching on (upstream's default), fresh prompts, the
+    # cache sized by profiling at 0.85 of the card. TRITON_ATTN for the upstream dtypes:
+    # the bundle stands in for FlashAttention with an empty module.
+    **{f"speed-{model}-{dt}": ("speed", model, dict(
         kv_cache_dtype=dt, mode="graphs", gpu_memory_utilization=0.85,
-        max_model_len=16384 + 256, batches=SPEED_BATCHES, contexts=SPEED_CONTEXTS,
+        max_model_len=max(c for _, c in SPEED_SHAPES) + 256, shapes=SPEED_SHAPES,
         profile_steps=SPEED_PROFILE_STEPS, exclusive=True))
-       for dt in ("auto", "fp8", "kvarn_k4v2_g128")},
+       for model, dt in SPEED_RUNS},
 }

@@ -2,45 +2,72 @@
 profile, and the profiler table's total."""
 import pytest
 
-from tests.gpu.specs import (SCENARIOS, kv_bytes_per_step, profiled_steps, profiled_time_us,
-                             speed_profile_steps, speed_shapes)
+from tests.gpu.specs import (SCENARIOS, hbm_bytes_per_s, kv_bytes_per_step,
+                             kv_bytes_per_token_head, profiled_steps, profiled_time_us,
+                             speed_profile_steps, speed_runs, speed_shapes)
 
 
 def test_speed_shapes_default_to_the_full_table():
-    assert speed_shapes("") == ([1, 8, 64], [4096, 16384])
+    assert speed_shapes("") == [(1, 4096), (8, 4096), (64, 4096), (1, 16384), (8, 16384),
+                                (64, 16384)]
 
 
-def test_speed_shapes_take_every_pair_of_the_given_axes():
-    assert speed_shapes("64x16384") == ([64], [16384])
-    assert speed_shapes(" 64x16384 8x4096 ") == ([8, 64], [4096, 16384])
+def test_speed_shapes_take_each_pair_as_given():
+    assert speed_shapes("64x16384") == [(64, 16384)]
+    assert speed_shapes(" 64x16384 8x65536 1x131072 64x16384") == [
+        (64, 16384), (8, 65536), (1, 131072)]
 
 
-@pytest.mark.parametrize("bad", ["64", "64x", "x16384", "0x4096", "65x4096", "8x32768",
+@pytest.mark.parametrize("bad", ["64", "64x", "x16384", "0x4096", "65x4096", "8x131073",
                                  "8x4096x2", "eight x4096"])
 def test_bad_speed_shapes_name_what_is_allowed(bad):
     with pytest.raises(ValueError, match="allowed: BATCHxCONTEXT items, batch 1..64"):
         speed_shapes(bad)
 
 
+def test_speed_runs_default_to_the_dense_model_with_bf16_fp8_and_kvarn():
+    assert speed_runs("", "") == [("large", "auto"), ("large", "fp8"),
+                                  ("large", "kvarn_k4v2_g128")]
+    assert speed_runs("auto int4_per_token_head", "hybrid27 large") == [
+        ("hybrid27", "auto"), ("hybrid27", "int4_per_token_head"), ("large", "auto"),
+        ("large", "int4_per_token_head")]
+    with pytest.raises(ValueError, match="KILN_GPU_SPEED_DTYPES: int3 not allowed; allowed: "
+                                         "auto fp8 int8_per_token_head"):
+        speed_runs("auto int3", "")
+    with pytest.raises(ValueError, match="KILN_GPU_SPEED_MODELS: small not allowed"):
+        speed_runs("", "small")
+
+
 def test_speed_runs_use_the_shapes():
-    for name in ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128"):
-        func, _, spec = SCENARIOS[name]
-        assert func == "speed" and spec["exclusive"]
-        assert (spec["batches"], spec["contexts"]) == speed_shapes()
+    for name in ("speed-large-auto", "speed-large-fp8", "speed-large-kvarn_k4v2_g128"):
+        func, model, spec = SCENARIOS[name]
+        assert func == "speed" and model == "large" and spec["exclusive"]
+        assert spec["shapes"] == speed_shapes()
+        assert spec["max_model_len"] == max(c for _, c in speed_shapes()) + 256
 
 
-def test_kv_bytes_per_step_count_every_layer_head_and_token_of_the_large_model():
+def test_kv_bytes_per_step_count_every_attention_layer_head_and_token():
+    pytest.importorskip("vllm")
     # 8 layers x 8 KV heads of head_dim 128 at bf16 (512 bytes per token and head): the
     # 34.4 GB a 64 x 16K step reads (gpu-notes.md's anchor)
-    assert kv_bytes_per_step(4 * 128, 64, 16384) == 512 * 8 * 8 * 64 * 16384
-    assert kv_bytes_per_step(4 * 128, 64, 16384) / 1e9 == pytest.approx(34.36, abs=0.01)
-    assert kv_bytes_per_step(108, 1, 4096) == 108 * 8 * 8 * 4096
+    assert kv_bytes_per_step("auto", 64, 16384, "large") == 512 * 8 * 8 * 64 * 16384
+    assert kv_bytes_per_step("auto", 64, 16384, "large") / 1e9 == pytest.approx(34.36, abs=0.01)
+    # upstream's per-token-head caches add one fp32 scale per K and V: 128 + 4 bytes each
+    assert kv_bytes_per_token_head("int8_per_token_head", 128) == 2 * (128 + 4)
+    assert kv_bytes_per_token_head("int4_per_token_head", 128) == 2 * (64 + 4)
+    assert kv_bytes_per_token_head("fp8", 128) == 2 * 128
+
+
+def test_the_roofline_follows_the_card():
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert hbm_bytes_per_s("NVIDIA H200") == 4.8e12
+    assert hbm_bytes_per_s("NVIDIA GeForce RTX 3090") is None
 
 
 def test_speed_profile_is_off_unless_asked_for():
     assert speed_profile_steps("") == 0
     assert speed_profile_steps(" 16 ") == 16
-    for name in ("speed-auto", "speed-fp8", "speed-kvarn_k4v2_g128"):
+    for name in ("speed-large-auto", "speed-large-fp8", "speed-large-kvarn_k4v2_g128"):
         assert SCENARIOS[name][2]["profile_steps"] == speed_profile_steps()
 
 
