@@ -47,7 +47,7 @@ def test_speed_runs_use_the_shapes():
 
 
 def test_kv_bytes_per_step_count_every_attention_layer_head_and_token():
-    pytest.importorskip("vllm")
+    pytest.importorskip("vllm.kvarn", reason="reads the installed fork's formats")
     # 8 layers x 8 KV heads of head_dim 128 at bf16 (512 bytes per token and head): the
     # 34.4 GB a 64 x 16K step reads (gpu-notes.md's anchor)
     assert kv_bytes_per_step("auto", 64, 16384, "large") == 512 * 8 * 8 * 64 * 16384
