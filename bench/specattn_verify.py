@@ -316,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with 0.33.0's triton_unified_attention.py and "
                          "triton_attention_helpers.py (see --extract-upstream)")
     ap.add_argument("--extract-upstream", type=Path, metavar="DIR",
-                    help="write 0.33.0's two op files into DIR/0.33.0 and exit")
+                    help="write a pin's two op files into DIR/VERSION and exit")
+    ap.add_argument("--extract-version", default="0.33.0", metavar="VERSION",
+                    help="the pin --extract-upstream reads (default 0.33.0; 0.34.0's split "
+                         "path loads the same way, through --upstream-033 DIR/0.34.0)")
     ap.add_argument("--no-upstream", action="store_true", help="time the fork's kernel only")
     ap.add_argument("--eager", action="store_true", help="time without CUDA graphs")
     ap.add_argument("--smoke", action="store_true",
@@ -325,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                          "runs, times mean nothing")
     args = ap.parse_args(argv)
     if args.extract_upstream:
-        print(extract_upstream(args.extract_upstream))
+        print(extract_upstream(args.extract_upstream, args.extract_version))
         return 0
     bad = [q for q in args.query_lens if not 1 <= q <= 16]
     if bad:

@@ -85,7 +85,9 @@ def _vocab(model: str) -> int:
 def _pool(llm) -> dict[str, Any]:
     cache = llm.llm_engine.vllm_config.cache_config
     return {"num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
-            "pool_tokens": (cache.num_gpu_blocks or 0) * cache.block_size}
+            "pool_tokens": (cache.num_gpu_blocks or 0) * cache.block_size,
+            # 0.34.0's pool that grows after warm-up (None on a pin without it)
+            "extensible_kv_cache": getattr(cache, "enable_extensible_kv_cache", None)}
 
 
 def _counter(llm, name: str) -> float:

@@ -215,6 +215,13 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
        for p in PRESETS for m in ("eager", "graphs")},
     "kvarn-d64-kvarn_k4v4_g64-eager": ("kvarn_copy", "copy64",
                                        _kvarn_copy("kvarn_k4v4_g64", "eager")),
+    # 0.34.0's extensible KV cache is on by default on CUDA but off wherever the pool's
+    # size is given (every side-by-side run above): this one sizes it by measurement,
+    # alone on the GPU, under graphs.
+    "kvarn-extensible-graphs": ("kvarn_copy", "copy128", dict(
+        kv_cache_dtype="kvarn_k4v2_g128", mode="graphs", max_num_seqs=4,
+        max_num_batched_tokens=256, max_model_len=1536, gpu_memory_utilization=0.3,
+        exclusive=True)),
     **{f"agree-{dt}": ("agreement", "d128", dict(
         SHARED, kv_cache_memory_bytes=GIB, kv_cache_dtype=dt, max_num_seqs=4,
         max_num_batched_tokens=128, mode="eager"))

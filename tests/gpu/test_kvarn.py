@@ -68,3 +68,13 @@ def test_capacity_at_the_same_kv_memory_is_near_each_formats_ideal(scenario):
         ratio = scenario(f"agree-{name}")["pool_tokens"] / bf16
         print(f"{name}: {ratio:.3f}x bf16's KV pool tokens, ideal {want:.3f}x")
         assert ratio >= 0.85 * want, name
+
+
+@pytest.mark.scenarios("kvarn-extensible-graphs")
+def test_kvarn_serves_under_the_extensible_kv_cache(scenario):
+    run = scenario("kvarn-extensible-graphs")
+    print(f"KVarN, extensible KV cache {run['extensible_kv_cache']}: pool "
+          f"{run['pool_tokens']} tokens, {run['prefix_hits']:.0f} prefix-hit tokens")
+    if run["extensible_kv_cache"] is not None:  # 0.34.0 on: it stays on for KVarN
+        assert run["extensible_kv_cache"] is True
+    assert run["broken"] == [] and run["finished"] > 128
