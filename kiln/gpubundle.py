@@ -95,8 +95,9 @@ JIT_SOURCE_SUFFIXES = (".h", ".hpp", ".cuh", ".inl", ".cu", ".cpp", ".c")
 # kvarn and specattn (bench/ and tests/kernels import them as top-level packages) and
 # pyproject.toml (pytest's settings).
 SOURCE_PATHS = ("kiln", "tests", "bench", "kvarn", "specattn", "pyproject.toml")
-STANDIN_FA2 = "vllm/vllm_flash_attn/_vllm_fa2_C.py"
-STANDIN_TEXT = '''\
+# Modules put in place of what the bundle leaves out: path in the installed site -> text.
+STANDIN_MODULES = {
+    "vllm/vllm_flash_attn/_vllm_fa2_C.py": '''\
 """Stand-in for FlashAttention 2's compiled extension, which the GPU bundle leaves out.
 
 vllm.vllm_flash_attn refuses to import unless _vllm_fa2_C or _vllm_fa3_C does, and
@@ -104,7 +105,22 @@ every model imports it. This module registers no operator: serve with
 --attention-backend TRITON_ATTN or a KVarN --kv-cache-dtype, which never call it.
 Written by `python3 -m kiln gpu-bundle`.
 """
-'''
+''',
+    # 0.34.0's kernel_warmup imports MiniMax M3's MSA warm-up for every model on CUDA,
+    # and that imports NVIDIA's CuTe DSL (nvidia-cutlass-dsl: a 92 MB wheel for cu13).
+    "vllm/model_executor/warmup/minimax_m3_msa_warmup.py": '''\
+"""Stand-in for MiniMax M3's MSA kernel warm-up, whose module imports NVIDIA's CuTe DSL
+(nvidia-cutlass-dsl, a 92 MB wheel the GPU bundle cannot carry). vLLM 0.34.0's
+kernel_warmup imports it for every model on CUDA; it warms only MiniMax M3 layers,
+which the GPU tier never serves, so here it warms nothing. A pip install of the fork
+brings the real module and the DSL. Written by `python3 -m kiln gpu-bundle`.
+"""
+
+
+def minimax_m3_msa_warmup(worker) -> None:
+    return None
+''',
+}
 
 Log = Callable[[str], None]
 
@@ -403,10 +419,11 @@ def build_gpu_bundle(out: Path, archs: tuple[int, ...] = DEFAULT_ARCHS, wheel: P
             for path in wheels:
                 shutil.copyfile(path, stage / WHEELS / path.name)
             _copy_sources(root, stage / SOURCES, log)
-            standin = stage / STANDINS / STANDIN_FA2
-            standin.parent.mkdir(parents=True)
-            with naming(standin):
-                standin.write_text(STANDIN_TEXT)
+            for rel, text in STANDIN_MODULES.items():
+                standin = stage / STANDINS / rel
+                standin.parent.mkdir(parents=True, exist_ok=True)
+                with naming(standin):
+                    standin.write_text(text)
             shutil.copyfile(RUN_SCRIPT, stage / RUN)
             (stage / RUN).chmod(0o755)
             manifest = _manifest(stage, version, archs, lock, xgrammar)

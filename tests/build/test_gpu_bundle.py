@@ -27,7 +27,7 @@ import kiln.fetch
 from kiln import fatbin
 from kiln.cli import main
 from kiln.errors import KilnError
-from kiln.gpubundle import (BUILT_WITH_NVCC, CARRIED, SIZE_LIMIT, STANDIN_FA2,
+from kiln.gpubundle import (BUILT_WITH_NVCC, CARRIED, SIZE_LIMIT, STANDIN_MODULES,
                             build_gpu_bundle)
 from kiln.gpulock import LOCK_PATH, GpuBundleLock
 from kiln.gpurun import gpu_visible
@@ -130,9 +130,11 @@ def test_the_pinned_versions_satisfy_the_fork_wheels_requirements(fork_zip):
 
 
 def test_the_stand_in_pynvml_and_the_run_script_are_there(bundle):
-    standin = bundle.path / "standins" / STANDIN_FA2
-    assert "registers no operator" in standin.read_text()
-    compile(standin.read_text(), str(standin), "exec")
+    for rel in STANDIN_MODULES:
+        standin = bundle.path / "standins" / rel
+        compile(standin.read_text(), str(standin), "exec")
+    fa2 = bundle.path / "standins" / "vllm/vllm_flash_attn/_vllm_fa2_C.py"
+    assert "registers no operator" in fa2.read_text()
     run = bundle.path / "run"
     assert os.access(run, os.X_OK) and run.read_text().startswith("#!/usr/bin/env bash\n")
     with tarfile.open(bundle.path / "vllm-python.tar.xz") as tree:
@@ -322,7 +324,8 @@ def test_install_lays_out_the_wheels_python_compiled_files_and_stand_ins(bundle,
             continue  # a wheel built without nvcc
         assert (site / name).read_bytes() == unpacked(bundle, name)
         assert os.access(site / name, os.X_OK)
-    assert (site / STANDIN_FA2).read_text() == (bundle.path / "standins" / STANDIN_FA2).read_text()
+    for rel in STANDIN_MODULES:
+        assert (site / rel).read_text() == (bundle.path / "standins" / rel).read_text()
     assert (site / "vllm" / "third_party" / "pynvml.py").is_file()
     assert os.access(site / "bin" / "vllm", os.X_OK)
     installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
