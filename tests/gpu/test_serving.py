@@ -14,6 +14,8 @@ from tests.gpu.specs import (SPEED_RUNS, SPEED_SHAPES, hbm_bytes_per_s,
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
 def test_the_hybrid_model_serves_with_bf16_and_kvarn(scenario):
     bf16, kvarn = scenario("hybrid-auto"), scenario("hybrid-kvarn_k4v2_g128")
+    if "skipped" in bf16:
+        pytest.skip(bf16["skipped"])
     for run in (bf16, kvarn):
         assert all(len(t) == 32 and all(0 <= x < run["vocab"] for x in t)
                    for t in run["tokens"])
