@@ -20,6 +20,9 @@ from kiln.lock import UpstreamLock  # noqa: E402
 from kiln.paths import REPO_ROOT, cache_dir  # noqa: E402
 from kiln.pinbump import sdist_tree  # noqa: E402
 from kiln.portcheck import port_check  # noqa: E402
+from kiln.portcheck.apimodel import ApiModel  # noqa: E402
+from kiln.portcheck.mirrors import mirrors_in  # noqa: E402
+from kiln.portcheck.units import overlay_units  # noqa: E402
 from kiln.series import Series  # noqa: E402
 from kiln.wheel import OVERLAY_DIRS  # noqa: E402
 
@@ -95,6 +98,17 @@ def test_nothing_else_is_reported(findings):
         ("mirror-drift", f"{PREWARM}::{PREPARE}"),
         ("removed-name", "vllm/fork/kvarn_backend.py::vllm.config.vllm.VllmConfig.use_v2_model_runner"),
     ])
+
+
+def test_every_mirror_marker_in_the_checkout_names_a_definition_of_the_default_pin(empty_series):
+    lock = UpstreamLock.load()
+    model = ApiModel(sdist_tree(lock.default, lock), lock.default)
+    units = overlay_units([(REPO_ROOT / f, t.replace("/", ".")) for f, t in OVERLAY_DIRS],
+                          Series.load(empty_series), [])
+    marks = [(u.path, m) for u in units for m in mirrors_in(u)]
+    assert marks, "no # mirrors: marker in the checkout"
+    missing = [f"{path}:{m.line}: {m.target}" for path, m in marks if model.definition_text(m.target) is None]
+    assert not missing, f"markers naming nothing in vLLM {lock.default}: {missing}"
 
 
 def test_the_command_says_what_it_cannot_see(empty_series, capsys):
