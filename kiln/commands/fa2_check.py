@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kiln.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
 from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
+from kiln.lock import add_version_option, pinned_version
 from kiln.patching import apply_series_into
 from kiln.paths import REPO_ROOT
 from kiln.pristine import PristineTree
@@ -27,21 +27,20 @@ HELP = "check that every call into the compiled attention ops binds to its pinne
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+    add_version_option(parser, "upstream version (default: the lock's default)")
     parser.add_argument("--tree", type=Path,
                         help="an unpacked source tree to check instead of pristine + series")
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    lock = UpstreamLock.load()
-    version = lock.release(args.version).version
+    version = pinned_version(args.version)
     snapshot = Snapshot.load(version)
     scan = (*UPSTREAM_SCAN, *FORK_SCAN)
     if args.tree:
         report = check_calls([(args.tree, scan)], snapshot)
     else:
-        pristine = PristineTree.from_files(fetch(version, lock=lock))
+        pristine = PristineTree.from_files(fetch(version))
         with tempfile.TemporaryDirectory() as tmp:
             tree = Path(tmp) / "applied"
             apply_series_into(pristine.root, Series.load(series_dir(version)), tree)
