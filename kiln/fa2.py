@@ -35,9 +35,15 @@ STABLE_ATTENTION_OPS = {
     "_C": ("merge_attn_states",),
     "_C_cache_ops": ("reshape_and_cache", "reshape_and_cache_flash", "concat_and_cache_mla"),
 }
-# Where upstream calls the attention ops, and where the fork's own code may.
-UPSTREAM_SCAN = ("vllm/vllm_flash_attn", "vllm/v1/attention", "vllm/_custom_ops.py")
+# Where upstream calls the attention ops (all of its package: calls move between files,
+# as 0.34.0's vllm/_cpu_ops.py showed), and where the fork's own code may.
+UPSTREAM_SCAN = ("vllm",)
 FORK_SCAN = ("vllm/fork", "kvarn", "specattn")
+# The fork's packages where an installed tree holds them: the upstream scan leaves them
+# out, since the fork's code is read from the checkout.
+INSTALLED_FORK = ("vllm/fork", "vllm/kvarn", "vllm/specattn")
+# A file that calls an op names torch.ops, or imports ``ops`` from torch; only those parse.
+_MAY_CALL_OPS = re.compile(r"torch\.ops|from\s+torch\s+import\s*\(?[\w\s,]*\bops\b")
 FA_CMAKE = "cmake/external_projects/vllm_flash_attn.cmake"
 _GIT = re.compile(r"GIT_REPOSITORY\s+(\S+)\s+GIT_TAG\s+([0-9a-f]{7,40})\b")
 # A NUL-terminated string that looks like 'name(...) -> ...'; the parser decides.
@@ -322,10 +328,16 @@ class CheckReport:
 
 
 def python_files(root: Path, scan: Iterable[str]) -> list[Path]:
+    """The Python files under each scanned path; a path that holds one of the fork's
+    installed packages (INSTALLED_FORK) without naming it leaves that package out."""
     files = []
     for entry in scan:
         path = root / entry
-        files += [path] if path.is_file() else sorted(path.rglob("*.py"))
+        if path.is_file():
+            files.append(path)
+            continue
+        skip = [root / p for p in INSTALLED_FORK if p.startswith(entry.rstrip("/") + "/")]
+        files += [f for f in sorted(path.rglob("*.py")) if not any(s in f.parents for s in skip)]
     return files
 
 
@@ -337,7 +349,10 @@ def check_calls(roots: Iterable[tuple[Path, Iterable[str]]], snapshot: Snapshot)
         for path in python_files(root, scan):
             report.files += 1
             shown = path.relative_to(root).as_posix()
-            for call in calls_in(path.read_text(), shown):
+            text = path.read_text(errors="replace")
+            if not _MAY_CALL_OPS.search(text):
+                continue
+            for call in calls_in(text, shown):
                 ns = snapshot.namespaces.get(call.namespace)
                 if ns is None:
                     continue

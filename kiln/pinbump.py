@@ -21,12 +21,14 @@ from kiln.fetch import (
     index_url,
 )
 from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
+from kiln.paths import REPO_ROOT
 from kiln.pins import canonical, requirement_name
 from kiln.pristine import PristineTree
 
 PROJECT = "vllm"
 CUDA_REQUIREMENTS = "requirements/cuda.txt"
 _VERSION_PIN = re.compile(r"==\s*([^\s;,]+)")
+_TORCH_HEADER = re.compile(r"#\s*include\s*[<\"](?:torch|ATen|c10)/")
 
 
 def registry_files(project: str = PROJECT, index: str | None = None) -> dict[str, str]:
@@ -170,12 +172,60 @@ def update_fork_pins(text: str, old: dict[str, str], new: dict[str, str]) -> Pin
     return update
 
 
+# --- torch: what a move of upstream's torch pin asks of the fork --------------
+
+
+@dataclass(frozen=True)
+class TorchMove:
+    old: str | None
+    new: str | None
+    moved: list[str]  # upstream's torch-family requirement lines that changed
+    rebuild: list[str]  # what depends on torch, and why
+
+    def describe(self) -> list[str]:
+        others = [line for line in self.moved if not line.startswith("torch:")]
+        return [f"torch moves: {self.old or '(unpinned)'} -> {self.new or '(unpinned)'}"
+                + (f"; with it {'; '.join(others)}" if others else ""),
+                "rebuild against the new torch:", *(f"  {line}" for line in self.rebuild)]
+
+
+def torch_move(old: dict[str, str], new: dict[str, str], root: Path = REPO_ROOT) -> TorchMove | None:
+    """None while upstream's torch pin stays; else what moves and what must be rebuilt."""
+    was, now = pinned_version(old.get("torch")), pinned_version(new.get("torch"))
+    if was == now:
+        return None
+    moved = [line for line in upstream_changes(old, new) if line.startswith("torch")]
+    return TorchMove(was, now, moved, torch_dependents(root, now))
+
+
+def torch_dependents(root: Path, torch: str | None) -> list[str]:
+    """What in the checkout at ``root`` is built or installed against upstream's torch.
+    The KVarN CUDA library is not, while it includes no torch header (it is loaded with
+    ctypes), nor are the fork's xgrammar wheels, while their build pins no torch."""
+    found = [f"the CPU test venv: kiln/testenv.py installs the wheel's own torch pin, so the next "
+             f"`tests/run` makes a new venv with torch=={torch}",
+             "the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, "
+             f"now built against torch {torch}, to a machine that keeps its own torch; rebuild it "
+             "and rerun tests/gpu there"]
+    if "torch" in read_requirements(root / "requirements" / "xgrammar-build.txt"):
+        found.append("the fork's xgrammar wheels: requirements/xgrammar-build.txt builds them "
+                     "against torch (`python -m kiln build-xgrammar`)")
+    if sorted((root / "csrc").glob("*.cu")):
+        found.append("the fork's torch extension _kiln_C: CMakeLists.txt links csrc/*.cu "
+                     "against torch (`python -m kiln build` on a CUDA machine)")
+    if any(_TORCH_HEADER.search(p.read_text()) for p in sorted((root / "csrc" / "kvarn").glob("*.cu"))):
+        found.append("the KVarN CUDA library: csrc/kvarn/ includes torch headers "
+                     "(`python -m kiln build` on a CUDA machine)")
+    return found
+
+
 @dataclass
 class PinBump:
     release: UpstreamRelease
     default: str
     pins: PinUpdate
     upstream_changes: list[str]
+    torch: TorchMove | None
 
 
 def upstream_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
@@ -208,4 +258,5 @@ def pin_bump(version: str, *, lock_path: Path, pins_path: Path, make_default: bo
     lock_path.write_text(lock_text(new_lock, comment_header(lock_path.read_text())))
     if update.text != pins_text:
         pins_path.write_text(update.text)
-    return PinBump(release, new_lock.default, update, upstream_changes(old_pins, new_pins))
+    return PinBump(release, new_lock.default, update, upstream_changes(old_pins, new_pins),
+                   torch_move(old_pins, new_pins))

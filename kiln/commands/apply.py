@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from kiln.fetch import fetch
+from kiln.lock import add_version_option, pinned_version
 from kiln.patching import apply_series_into
 from kiln.pristine import PristineTree
 from kiln.series import Series, series_dir
@@ -21,11 +22,11 @@ HELP = "pristine upstream + the series, into a new folder"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--into", type=Path, required=True, help="folder to create")
-    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+    add_version_option(parser, "upstream version (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    pristine = PristineTree.from_files(fetch(args.version))
+    pristine = PristineTree.from_files(fetch(pinned_version(args.version)))
     series = Series.load(series_dir(pristine.version))
 
     def progress(topic, offsets):

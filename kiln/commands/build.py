@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kiln.commands.build_xgrammar import add_python_argument, report
 from kiln.errors import KilnError
+from kiln.lock import add_version_option, pinned_version
 from kiln.paths import REPO_ROOT
 from kiln.wheel import build_wheel
 from kiln.xgrammar import PYTHONS, build_xgrammar, find_pythons, parse_pythons
@@ -30,8 +31,8 @@ CONSTRAINTS = "requirements/xgrammar-constraints.txt"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "dist",
                         help="output folder (default: dist/)")
-    parser.add_argument("--version", help="upstream pin to build on, with its series "
-                        "patches/<version>/ (default: the lock's default)")
+    add_version_option(parser, "upstream pin to build on, with its series patches/<version>/ "
+                       "(default: the lock's default)")
     parser.add_argument("--no-xgrammar", action="store_true",
                         help="build only the vllm wheel (the xgrammar builds take minutes cold)")
     add_python_argument(parser)
@@ -40,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.no_xgrammar and args.python:
         raise KilnError("--python picks the xgrammar builds; it has no use with --no-xgrammar")
+    version = pinned_version(args.version)
     pythons = None if args.no_xgrammar else find_pythons(parse_pythons(args.python or PYTHONS))
-    build = build_wheel(args.out, version=args.version)
+    build = build_wheel(args.out, version=version)
     print(f"built {build.path} in {build.seconds:.0f} s "
           f"({len(build.topics)} topic(s), {len(build.patched)} patched file(s), "
           f"{len(build.added)} added file(s))")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.lock import UpstreamLock
+from kiln.lock import add_version_option, pinned_version
 from kiln.materialize import export
 from kiln.paths import REPO_ROOT
 
@@ -21,13 +21,12 @@ HELP = "rewrite patches/<version>/ from a materialized branch"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="the materialized repository")
-    parser.add_argument("--version", help="whose branch (fork/<version>) to export into "
-                        "patches/<version>/ (default: the lock's default; a rebase exports "
-                        "its --onto version)")
+    add_version_option(parser, "whose branch (fork/<version>) to export into patches/<version>/ "
+                       "(default: the lock's default; a rebase exports its --onto version)")
 
 
 def run(args: argparse.Namespace) -> int:
-    version = UpstreamLock.load().release(args.version).version
+    version = pinned_version(args.version)
     result = export(args.source, version, REPO_ROOT / "patches" / version)
     print(f"exported fork/{version} into patches/{version}/")
     for name in result.written:

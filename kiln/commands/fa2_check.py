@@ -2,8 +2,11 @@
 
 Calls like ``torch.ops._vllm_fa2_C.varlen_fwd(...)`` (also through an alias such as
 ``ops = torch.ops._vllm_fa3_C``) must match fa2/schemas/<version>.txt by argument
-count, keyword names and required arguments. Without --tree, the tree is pristine
-upstream + the series (pristine alone for a version other than the default pin), and the fork's vllm/fork/ and kvarn/ from this repository.
+count, keyword names and required arguments. Every file of upstream's vllm/ package
+is read (calls move between files), and the fork's own vllm/fork/, kvarn/ and
+specattn/ from this checkout. Without --tree, upstream is the pinned sdist with
+patches/<version>/ applied, or pristine alone while that series does not exist yet
+(a pin just added by pin-bump); with --tree, upstream is that unpacked tree.
 Exits 1 naming file, line, op and the mismatch.
 """
 
@@ -15,37 +18,40 @@ import time
 from pathlib import Path
 
 from kiln.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
-from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
+from kiln.lock import UpstreamLock, add_version_option, pinned_version
 from kiln.patching import apply_series_into
 from kiln.paths import REPO_ROOT
-from kiln.pristine import PristineTree
-from kiln.series import Series, series_dir
+from kiln.pinbump import sdist_tree
+from kiln.series import Series
 
 NAME = "fa2-check"
 HELP = "check that every call into the compiled attention ops binds to its pinned schema"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+    add_version_option(parser, "upstream version (default: the lock's default)")
     parser.add_argument("--tree", type=Path,
-                        help="an unpacked source tree to check instead of pristine + series")
+                        help="an unpacked upstream source tree to check instead of pristine + series")
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    lock = UpstreamLock.load()
-    version = lock.release(args.version).version
+    version = pinned_version(args.version)
     snapshot = Snapshot.load(version)
-    scan = (*UPSTREAM_SCAN, *FORK_SCAN)
+    fork = (REPO_ROOT, FORK_SCAN)
     if args.tree:
-        report = check_calls([(args.tree, scan)], snapshot)
+        report = check_calls([(args.tree, UPSTREAM_SCAN), fork], snapshot)
     else:
-        pristine = PristineTree.from_files(fetch(version, lock=lock))
-        with tempfile.TemporaryDirectory() as tmp:
-            tree = Path(tmp) / "applied"
-            apply_series_into(pristine.root, Series.load(series_dir(version)), tree)
-            report = check_calls([(tree, UPSTREAM_SCAN), (REPO_ROOT, FORK_SCAN)], snapshot)
+        pristine = sdist_tree(version, UpstreamLock.load())  # the source is all it reads
+        series = REPO_ROOT / "patches" / version
+        if not (series / "series").is_file():
+            print(f"no series in {series.relative_to(REPO_ROOT)}/ yet: checking pristine vLLM {version}")
+            report = check_calls([(pristine, UPSTREAM_SCAN), fork], snapshot)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                tree = Path(tmp) / "applied"
+                apply_series_into(pristine, Series.load(series), tree)
+                report = check_calls([(tree, UPSTREAM_SCAN), fork], snapshot)
     for error in report.errors:
         print(f"FAIL {error}")
     ops = sorted({f"{c.namespace}.{c.op}" for c in report.checked})

@@ -13,17 +13,18 @@ import argparse
 from kiln.errors import naming
 from kiln.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
 from kiln.fetch import fetch
+from kiln.lock import add_version_option, pinned_version
 
 NAME = "fa2-snapshot"
 HELP = "extract the pinned wheel's attention op schemas into fa2/schemas/ and fa2/PIN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+    add_version_option(parser, "upstream version (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    files = fetch(args.version)
+    files = fetch(pinned_version(args.version))
     snapshot = extract(files)
     path = snapshot_path(snapshot.version)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 
 from kiln.fetch import fetch
+from kiln.lock import add_version_option, pinned_version
 
 NAME = "fetch"
 HELP = "download and verify the pristine upstream wheel and sdist"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", help="upstream version (default: the lock's default)")
+    add_version_option(parser, "upstream version (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    files = fetch(args.version)
+    files = fetch(pinned_version(args.version))
     print(f"wheel: {files.wheel}\nsdist: {files.sdist}")
     return 0

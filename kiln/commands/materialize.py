@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from kiln.fetch import fetch
+from kiln.lock import add_version_option, pinned_version
 from kiln.materialize import fork_branch, materialize
 from kiln.pristine import PristineTree
 from kiln.series import Series, series_dir
@@ -22,11 +23,11 @@ HELP = "git repository: pristine tag + one commit per topic"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--into", type=Path, required=True, help="new folder for the repository")
-    parser.add_argument("--version", help="upstream version whose series to use (default: the lock's default)")
+    add_version_option(parser, "upstream version whose series to use (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    pristine = PristineTree.from_files(fetch(args.version))
+    pristine = PristineTree.from_files(fetch(pinned_version(args.version)))
     series = Series.load(series_dir(pristine.version))
     print(f"materializing vLLM {pristine.version} + {len(series.topics)} topic(s) in {args.into}")
     materialize(pristine.root, pristine.version, series, args.into)

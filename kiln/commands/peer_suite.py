@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.fetch import fetch
+from kiln.lock import add_version_option, pinned_version
 from kiln.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
 from kiln.pristine import PristineTree
 
@@ -23,16 +24,17 @@ HELP = "upstream's CPU tests against an installed vllm, compared with the baseli
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", type=Path, required=True,
                         help="interpreter of the virtualenv that holds the vllm to test")
-    parser.add_argument("--version", help="upstream pin whose tests and baseline to use "
-                        "(default: the lock's default)")
+    add_version_option(parser, "upstream pin whose tests and baseline to use (default: the "
+                       "lock's default)")
     parser.add_argument("--record-baseline", action="store_true",
                         help="record what passes (run against pristine upstream)")
 
 
 def run(args: argparse.Namespace) -> int:
+    version = pinned_version(args.version)
     if not args.python.exists():
         raise KilnError(f"{args.python}: no such interpreter")
-    pristine = PristineTree.from_files(fetch(args.version))
+    pristine = PristineTree.from_files(fetch(version))
     started = time.monotonic()
     result = run_peer_suite(args.python, pristine)
     minutes = (time.monotonic() - started) / 60

@@ -6,6 +6,8 @@ stays where it is unless --make-default: the old wheel stays the default until
 the new build passes the test suite. Fork pins (requirements/fork-pins.txt)
 that follow upstream's requirements files move with them; flashinfer-cubin,
 which upstream's CUDA requirements no longer list, follows flashinfer-python.
+When upstream's torch pin moves, it says so and names what must be rebuilt
+against the new torch (only what is built or installed against it).
 """
 
 from __future__ import annotations
@@ -40,4 +42,6 @@ def run(args: argparse.Namespace) -> int:
         print("upstream's CUDA requirements changed (fork wheel takes them from upstream's metadata):")
         for line in result.upstream_changes:
             print(f"  {line}")
+    if result.torch is not None:
+        print("\n".join(result.torch.describe()))
     return 0

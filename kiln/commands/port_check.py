@@ -1,9 +1,27 @@
 """Check what a clean rebase onto a new upstream can still break.
 
-Reads the lines each topic adds and the overlay modules (vllm/, kvarn/), and
-compares every upstream name, call, base class and enum they reach between the
-two pristine trees (griffe, static: nothing is imported). Both versions must be
-pinned in requirements/upstream.lock (`kiln pin-bump --to V`).
+Reads the lines each topic adds and every overlay module (vllm/, kvarn/,
+specattn/), and compares every upstream name, call, base class, attribute and
+enum they reach between the two pristine trees (griffe, static: nothing is
+imported). Both versions must be pinned in requirements/upstream.lock
+(`kiln pin-bump --to V`).
+
+Attribute reads are followed through annotated types (parameters, upstream
+attributes and return values, the method a fork method overrides): a read of a
+name the new pin removed is `removed-name`, or `silent-default` through
+getattr(x, "name", default) or hasattr, which never fail; a name the new pin
+deprecates (docstring, comment, @deprecated, a warning naming it) is
+`deprecated`. A read on a value whose type cannot be told is matched by name
+(`name-match`) when the old pin defines the name and the new one nowhere;
+annotate the value, or accept the finding with a reason.
+
+Fork code that re-derives an upstream formula or constant names it in a comment
+on the line above its own definition:
+
+    # mirrors: vllm.v1.worker.gpu.spec_decode.dflash.speculator.prepare_dflash_inputs
+
+and each mirror whose upstream definition changed between the pins (its code;
+docstrings and comments aside) or is gone is `mirror-drift`.
 
 Findings are keyed by kind, topic and where; an --accept file (TOML) records
 known-benign ones with a reason:
@@ -26,7 +44,7 @@ from pathlib import Path
 
 from kiln.errors import naming
 from kiln.lock import UpstreamLock
-from kiln.paths import REPO_ROOT
+from kiln.paths import REPO_ROOT, cache_dir
 from kiln.pinbump import sdist_tree
 from kiln.portcheck import port_check
 from kiln.portcheck.accept import judge, load_acceptances
@@ -34,7 +52,13 @@ from kiln.series import Series, series_dir
 from kiln.wheel import OVERLAY_DIRS
 
 NAME = "port-check"
-HELP = "find what moving the series to a new upstream breaks (names, signatures, overrides, enums, drift)"
+HELP = "find what moving the series to a new upstream breaks (names, signatures, overrides, enums, mirrors, drift)"
+# What these checks cannot see, said after every run so nobody reads silence as safety.
+BLIND_SPOT = ("not checked: behaviour behind an unchanged name and signature (a platform that now "
+              "raises where it warned, a count that keeps its name but changes meaning) shows only as "
+              "body-drift where a topic patches the code or as mirror-drift where a `# mirrors:` "
+              "marker names it; anywhere else it needs a reading of the new upstream and a test that "
+              "runs the path")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     old, new = sdist_tree(old_version, lock), sdist_tree(args.new, lock)
     series = Series.load(args.patches or series_dir(old_version))
     overlays = [(REPO_ROOT / folder, target.replace("/", ".")) for folder, target in OVERLAY_DIRS]
-    findings = port_check(old, old_version, new, args.new, series, overlays)
+    findings = port_check(old, old_version, new, args.new, series, overlays, cache_dir() / "portcheck")
     acceptances = load_acceptances(args.accept, args.new) if args.accept else []
     verdict = judge(findings, acceptances)
     if args.json:
@@ -67,4 +91,5 @@ def run(args: argparse.Namespace) -> int:
     for acceptance in verdict.stale:
         print(f"\nstale accept entry in {args.accept}: [{acceptance.kind}] {acceptance.topic}: "
               f"{acceptance.where} no longer occurs; remove it")
+    print(f"\n{BLIND_SPOT}")
     return 1 if verdict.open else 0

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock
+from kiln.lock import add_version_option, pinned_version
 from kiln.testenv import fork_venv, test_venv, upstream_version
 from kiln.xgrammar import wheel_for_python
 
@@ -28,15 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--xgrammar", type=Path, nargs="+", metavar="WHEEL",
                         help="the fork's xgrammar wheels (from `kiln build`); the one for the "
                         "venv's Python is installed over stock")
-    parser.add_argument("--version", help="upstream pin the wheel must be built on; its torch "
-                        "pin chooses the venv's torch (default: the lock's default)")
+    add_version_option(parser, "upstream pin the wheel must be built on; its torch pin "
+                       "chooses the venv's torch (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
+    pin = pinned_version(args.version)
     for wheel in (args.wheel, *(args.xgrammar or ())):
         if not wheel.is_file():
             raise KilnError(f"{wheel}: no such wheel; build one with `python -m kiln build`")
-    pin = UpstreamLock.load().release(args.version).version
     built_on = upstream_version(args.wheel)
     if built_on != pin:
         raise KilnError(f"{args.wheel.name} is built on vLLM {built_on}, not on the pin {pin}; "

@@ -6,7 +6,7 @@ import argparse
 
 from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT
-from kiln.lock import UpstreamLock
+from kiln.lock import UpstreamLock, add_version_option, pinned_version
 from kiln.series import Series, series_dir
 from kiln.topics import topics_table, update_readme
 
@@ -17,12 +17,12 @@ HELP = "the carried topics as a Markdown table"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite the generated table in README.md (the default pin's)")
-    parser.add_argument("--version", help="upstream version whose series to use (default: the lock's default)")
+    add_version_option(parser, "upstream version whose series to use (default: the lock's default)")
 
 
 def run(args: argparse.Namespace) -> int:
     default = UpstreamLock.load().default
-    series = Series.load(series_dir(args.version or default))
+    series = Series.load(series_dir(pinned_version(args.version)))
     if args.update_readme:
         if args.version not in (None, default):
             raise KilnError(f"--update-readme: README.md lists the default pin's topics "

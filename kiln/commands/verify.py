@@ -16,7 +16,7 @@ from pathlib import Path
 from kiln.errors import KilnError
 from kiln.fa2 import Snapshot
 from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
+from kiln.lock import add_version_option, pinned_version
 from kiln.pristine import PristineTree
 from kiln.series import carried_versions, series_dir
 from kiln.verify import verify
@@ -28,15 +28,14 @@ HELP = "prove the series applies and round-trips exactly"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch-repo", type=Path,
                         help="compare against this materialized repository's branch")
-    parser.add_argument("--version", action="append", dest="versions",
-                        help="pin to verify, repeatable (default: the lock's default); "
-                             "'all' verifies every pin with a series under patches/")
+    add_version_option(parser, "pin to verify, repeatable (default: the lock's default); 'all' "
+                       "verifies every pin with a series under patches/", repeat=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    versions = args.versions or [UpstreamLock.load().default]
-    if "all" in versions:
-        versions = carried_versions()
+    versions = args.versions or [None]
+    # Every named pin is checked before the first is fetched.
+    versions = carried_versions() if "all" in versions else [pinned_version(v) for v in versions]
     if args.branch_repo and len(versions) > 1:
         raise KilnError("--branch-repo compares one pin's branch; give one --version with it")
     ok = True

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-import re
+import ast
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from kiln.portcheck.findings import Unparsable
+from kiln.portcheck.treeindex import TreeIndex, tree_index
 
-
-_TOP_LEVEL_DEF = re.compile(r"^(?:async\s+def|def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=(?!=)", re.M)
+# Annotations that wrap the type of the value: ``Optional[X]``, ``SkipValidation[X]``, ...
+_WRAPPERS = {"Optional", "Annotated", "ClassVar", "Final", "InitVar", "SkipValidation",
+             "Required", "NotRequired", "ReadOnly"}
 
 
 class ApiModel:
     """One source tree seen through griffe, a module at a time, on demand."""
 
-    def __init__(self, root: Path, version: str):
+    def __init__(self, root: Path, version: str, index_cache: Path | None = None):
         self.root = root
         self.version = version
+        self.index_cache = index_cache  # where the tree's name index is kept; None: not kept
         self._modules: dict[str, Any] = {}
-        self._definitions: dict[str, list[str]] | None = None
+        self._index: TreeIndex | None = None
         self.unparsed: list[Unparsable] = []
 
     def module_file(self, name: str) -> Path | None:
@@ -34,8 +38,11 @@ class ApiModel:
             import griffe
 
             path = self.module_file(name)
+            package, _, leaf = name.rpartition(".")
             try:
-                self._modules[name] = None if path is None else griffe.visit(name, path, path.read_text())
+                # Visited inside its package, so that relative imports resolve from there.
+                self._modules[name] = None if path is None else griffe.visit(
+                    leaf, path, path.read_text(), parent=_package(package) if package else None)
             except (SyntaxError, UnicodeDecodeError, ValueError) as e:
                 # Reported as an ``unparsed`` finding, so what it hides is never just absent.
                 self.unparsed.append(Unparsable(f"{self.version}:{path.relative_to(self.root)}", e))
@@ -83,16 +90,93 @@ class ApiModel:
     def root_package(self) -> str:
         return "vllm"
 
+    @property
+    def index(self) -> TreeIndex:
+        """Where each name is defined in this tree (read once, kept in ``index_cache``)."""
+        if self._index is None:
+            self._index = tree_index(self.root / self.root_package, self.index_cache)
+        return self._index
+
     def defined_in(self, name: str) -> list[str]:
         """Modules of this tree that define ``name`` at their top level."""
-        if self._definitions is None:
-            self._definitions = {}
-            package = self.root / self.root_package
-            for path in sorted(package.rglob("*.py")):
-                module = module_name(path.relative_to(self.root).as_posix())
-                for m in _TOP_LEVEL_DEF.finditer(path.read_text(errors="replace")):
-                    self._definitions.setdefault(m.group(1) or m.group(2), []).append(module)
-        return self._definitions.get(name, [])
+        return self.index.top_level_homes(name)
+
+    def value_type(self, qualname: str) -> str | None:
+        """The class (its path here) of the value ``qualname`` names: an attribute's
+        annotated type, or for ``f()`` what ``f`` returns (a class: an instance of it).
+        None where this static view cannot tell."""
+        call = qualname.endswith("()")
+        obj = self.lookup(qualname[:-2] if call else qualname)
+        if obj is None or obj.is_alias:
+            return None
+        if call:
+            if obj.is_class:
+                return obj.path
+            return self._annotation_class(obj.returns) if obj.is_function else None
+        return self._annotation_class(obj.annotation) if obj.is_attribute else None
+
+    def param_type(self, function: str, name: str) -> str | None:
+        """The class a parameter of ``function`` is annotated with, if it names one here."""
+        obj = self.lookup(function)
+        if obj is None or obj.is_alias or not obj.is_function:
+            return None
+        param = next((p for p in obj.parameters if p.name == name), None)
+        return self._annotation_class(param.annotation) if param is not None else None
+
+    def _annotation_class(self, expr, depth: int = 0) -> str | None:
+        import griffe
+
+        if expr is None or isinstance(expr, str) or depth > 4:
+            return None
+        if isinstance(expr, griffe.ExprBinOp) and expr.operator == "|":
+            sides = [s for s in (expr.left, expr.right) if str(s) != "None"]
+            return self._annotation_class(sides[0], depth + 1) if len(sides) == 1 else None
+        if isinstance(expr, griffe.ExprSubscript):
+            wrapper = str(expr.left).rpartition(".")[2]
+            inner = expr.slice.elements if isinstance(expr.slice, griffe.ExprTuple) else [expr.slice]
+            if wrapper == "Union":
+                inner = [e for e in inner if str(e) != "None"]
+                return self._annotation_class(inner[0], depth + 1) if len(inner) == 1 else None
+            return self._annotation_class(inner[0], depth + 1) if wrapper in _WRAPPERS else None
+        if isinstance(expr, (griffe.ExprName, griffe.ExprAttribute)):
+            obj = self.lookup(expr.canonical_path, depth + 1)
+            if obj is not None and not obj.is_alias and obj.is_class:
+                return obj.path
+        return None
+
+    def definition_text(self, qualname: str) -> str | None:
+        """The code of the function, class or constant ``qualname`` names, decorators
+        included and docstrings and comments left out, so only a change of what it
+        computes changes the text. None when this tree does not define it."""
+        obj = self.lookup(qualname)
+        if obj is None or obj.is_alias or obj.lineno is None or obj.is_module:
+            return None
+        lines = Path(obj.filepath).read_text().splitlines()
+        start = obj.lineno
+        while start > 1 and lines[start - 2].lstrip().startswith("@"):
+            start -= 1
+        source = textwrap.dedent("\n".join(lines[start - 1: obj.endlineno or obj.lineno]))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return source
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.unparse(tree)
+
+
+def _package(dotted: str):
+    """Empty griffe modules for a package and its parents: where a module sits."""
+    import griffe
+
+    parent = None
+    for part in dotted.split("."):
+        parent = griffe.Module(part, parent=parent)
+    return parent
 
 
 def _expr_path(expr) -> str:
@@ -101,10 +185,3 @@ def _expr_path(expr) -> str:
         return expr.canonical_path
     except AttributeError:
         return str(expr)
-
-
-def module_name(path: str) -> str:
-    parts = path[:-3].split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)

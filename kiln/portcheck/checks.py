@@ -1,4 +1,5 @@
-"""The checks: removed or moved names, changed signatures, overrides, enum collisions, body drift."""
+"""The checks: removed, moved or deprecated names, reads that now fall back to a default,
+reads matched by name, changed signatures, overrides, enum collisions, mirrors, body drift."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.portcheck.apimodel import ApiModel
+from kiln.portcheck.deprecation import deprecation
 from kiln.portcheck.findings import Finding, parse_source, Unparsable
+from kiln.portcheck.mirrors import mirrors_in
 from kiln.portcheck.signatures import ast_signature, bind, describe, override_problems, signature, with_series_params
 from kiln.portcheck.units import CodeUnit
-from kiln.portcheck.uses import Scope, Use
+from kiln.portcheck.uses import CALLED, GETATTR, GETATTR_DEFAULT, HASATTR, READ, SILENT, WRITTEN, Read, Scope, Use
 
 
 _ENUM_BASES = ("Enum", "IntEnum", "IntFlag", "Flag", "StrEnum")
+# What the code does with an attribute that is gone, by how it uses it.
+_GONE = {READ: "reading it raises AttributeError", CALLED: "calling it raises AttributeError",
+         GETATTR: "getattr() raises AttributeError",
+         WRITTEN: "the assignment sets an attribute nothing reads any more",
+         GETATTR_DEFAULT: "getattr() silently returns its default instead",
+         HASATTR: "hasattr() is now always False, silently"}
 
 
 @dataclass
@@ -37,19 +46,80 @@ class PortCheck:
         if not self.is_upstream(use.qualname):
             return
         where = f"{use.unit.path}::{use.qualname}"
+        site = f"{use.unit.path}:{use.line}"
         old_obj = self.old.lookup(use.qualname)
         if old_obj is None:
-            return  # the series' own name, or one this static view cannot see
+            receiver, _, name = use.qualname.rpartition(".")
+            if receiver and not _is_namespace(self.old.lookup(receiver)):
+                # An upstream value whose type this view cannot tell: match the name.
+                yield from self.check_read(Read(use.unit, name, use.line, use.how))
+            return  # otherwise the series' own name, or one this static view cannot see
         new_obj = self.new.lookup(use.qualname)
         if new_obj is None:
-            yield self.vanished(use.unit.topic, where, use.qualname, f"{use.unit.path}:{use.line}")
+            gone = self.vanished(use.unit.topic, where, use.qualname, site)
+            if use.how in SILENT:
+                yield Finding("silent-default", use.unit.topic, where,
+                              f"{gone.detail}; it is {use.how} here, so {_GONE[use.how]}")
+            else:
+                yield gone
             return
+        news = deprecation(new_obj)
+        if news is not None and deprecation(old_obj) is None:
+            yield Finding("deprecated", use.unit.topic, where,
+                          f"{site}: {use.qualname}, {use.how} here, is deprecated in {self.new.version} "
+                          f"and was not in {self.old.version} ({news}): find what replaces it")
         if use.call is not None:
             yield from self.check_call(use, old_obj, new_obj, where)
 
+    def check_read(self, read: Read) -> Iterator[Finding]:
+        """A read on a value of unknown type, matched by name: upstream defined the name
+        (on a class or a module) in the old pin and defines it nowhere in the new one."""
+        name = read.name
+        if name.startswith("__"):
+            return
+        old_homes = sorted({*self.old.index.member_homes(name), *self.old.index.top_level_homes(name)})
+        if not old_homes or name in self.new.index.members or name in self.new.index.top_level:
+            return
+        shown = ", ".join(old_homes[:3]) + (f" and {len(old_homes) - 3} more" if len(old_homes) > 3 else "")
+        yield Finding("name-match", read.unit.topic, f"{read.unit.path}::*.{name}",
+                      f"{read.unit.path}:{read.line}: `.{name}` is {read.how} here on a value whose "
+                      f"type port-check cannot tell; {self.old.version} defines {name} in {shown}, "
+                      f"{self.new.version} nowhere: if the value is upstream's, "
+                      f"{_GONE.get(read.how, _GONE[READ])} (annotate the value's type for an exact check)")
+
+    def check_mirrors(self, unit: CodeUnit) -> Iterator[Finding]:
+        """Each ``# mirrors:`` marker whose upstream definition changed between the pins."""
+        for mirror in mirrors_in(unit):
+            target, site = mirror.target, f"{unit.path}:{mirror.line}"
+            where = f"{unit.path}::{target}"
+            upstream = target.startswith("vllm.")
+            before = self.old.definition_text(target) if upstream else None
+            after = self.new.definition_text(target) if upstream else None
+            if before is None:
+                also = f" ({self.new.version} does: is the code written for that pin?)" if after else ""
+                yield Finding("mirror-drift", unit.topic, where,
+                              f"{site}: the marker names {target}, which {self.old.version} does not "
+                              f"define{also}; a marker names an upstream function, class, method or "
+                              "constant by its dotted path")
+                continue
+            if after is None:
+                gone = self.vanished(unit.topic, where, target, site)
+                yield Finding("mirror-drift", unit.topic, where,
+                              f"{gone.detail}. The fork mirrors it here: find where the formula went "
+                              "and re-derive it")
+            elif after != before:
+                count, shown = _diff_summary(before, after)
+                yield Finding("mirror-drift", unit.topic, where,
+                              f"{site}: mirrors {target}, which changed between {self.old.version} and "
+                              f"{self.new.version} ({count} line(s): {shown}): re-derive what this "
+                              "module computes from it")
+
     def vanished(self, topic: str, where: str, qualname: str, site: str) -> Finding:
         module, _, name = qualname.rpartition(".")
-        homes = [m for m in self.new.defined_in(name) if m != module and self.new.lookup(f"{m}.{name}")]
+        old_parent = self.old.lookup(module)
+        in_module = old_parent is not None and not old_parent.is_alias and old_parent.is_module
+        homes = [m for m in (self.new.defined_in(name) if in_module else [])
+                 if m != module and self.new.lookup(f"{m}.{name}")]
         if homes:
             return Finding("moved", topic, where,
                            f"{site}: {qualname} is not in {self.new.version}'s {module}; "
@@ -98,7 +168,7 @@ class PortCheck:
         for node in ast.walk(unit.tree):
             if not isinstance(node, ast.ClassDef) or not unit.counts(node):
                 continue
-            bases = [b for b in (scope.dotted(base, {}) for base in node.bases) if b and self.is_upstream(b)]
+            bases = [b for b in scope.bases(node, {}) if self.is_upstream(b)]
             for method in node.body:
                 if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name.startswith("__"):
                     continue
@@ -183,16 +253,27 @@ class PortCheck:
             before, after = _body_text(old_node), _body_text(new_node)
             if before == after:
                 continue
-            diff = [l for l in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-                    if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+            count, shown = _diff_summary(before, after)
             added = _added_text(unit, hunk_lines(unit, anchor))
             absorbed = bool(added) and all(line in after for line in added)
             note = (" Every line the topic adds there is already in the new body: retire?"
                     if absorbed else " Check the topic's hunk still means the same there.")
-            shown = "; ".join(_clip(l.strip()) for l in diff[:6]) + (" ..." if len(diff) > 6 else "")
             yield Finding("body-drift", unit.topic, where,
                           f"{unit.path}:{hunk.span[0]}: {anchor} changed between {self.old.version} and "
-                          f"{self.new.version} ({len(diff)} line(s): {shown}).{note}")
+                          f"{self.new.version} ({count} line(s): {shown}).{note}")
+
+
+def _diff_summary(before: str, after: str) -> tuple[int, str]:
+    """How many lines differ, and the first few of them."""
+    diff = [l for l in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+            if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    return len(diff), "; ".join(_clip(l.strip()) for l in diff[:6]) + (" ..." if len(diff) > 6 else "")
+
+
+def _is_namespace(obj) -> bool:
+    """A module or class of the tree, or a name from outside it: what a dotted path
+    below it means is known (or not upstream's to check)."""
+    return obj is not None and (obj.is_alias or obj.is_module or obj.is_class)
 
 
 def _clip(text: str, width: int = 100) -> str:

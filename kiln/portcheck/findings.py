@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 
-KINDS = ("unparsed", "removed-name", "changed-signature", "override", "enum-collision", "body-drift",
-         "moved")
+KINDS = ("unparsed", "removed-name", "silent-default", "deprecated", "name-match", "changed-signature",
+         "override", "enum-collision", "mirror-drift", "body-drift", "moved")
 
 
 OVERLAY_TOPIC = "(overlay)"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.patching import apply_topic
-from kiln.portcheck.apimodel import module_name
+from kiln.portcheck.treeindex import module_name
 from kiln.portcheck.findings import Finding, OVERLAY_TOPIC, parse_source, Unparsable
 from kiln.series import Series, Topic
 
@@ -51,6 +51,8 @@ def series_units(pristine: Path, series: Series, work: Path,
                  unparsed: list[Finding]) -> list[CodeUnit]:
     """Apply the series to a copy of ``pristine`` topic by topic; keep each topic's added code.
     Files that do not parse go to ``unparsed``."""
+    if not series.topics:
+        return []
     tree = work / "tree"
     # Topics may only touch vllm/ (the wheel rule), so only that folder is copied.
     shutil.copytree(pristine / "vllm", tree / "vllm", symlinks=True)

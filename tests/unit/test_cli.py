@@ -58,12 +58,26 @@ def test_a_kiln_cache_that_is_a_file_is_one_error_line(tmp_path: Path, monkeypat
     assert cache.read_text() == "not a folder\n"
 
 
-@pytest.mark.parametrize("argv", [
+# Every command taking an upstream version, with what else it requires.
+VERSION_ARGVS = [
     ["apply", "--into", "{tmp}/applied"], ["build", "--out", "{tmp}/dist", "--no-xgrammar"],
     ["export", "--from", "{tmp}/repo"], ["fa2-check"], ["fa2-snapshot"], ["fetch"],
     ["materialize", "--into", "{tmp}/repo"], ["topics"], ["verify"],
     ["port-check", "--to"], ["rebase", "--repo", "{tmp}/repo", "--onto"],
-])
+    ["peer-suite", "--python", "{tmp}/python"], ["test-env", "--wheel", "{tmp}/vllm.whl"],
+    # A pinned version first: every named pin is checked before anything is fetched.
+    ["verify", "--version", UpstreamLock.load().default],
+]
+
+
+def test_every_command_with_a_version_option_is_in_the_refusal_test():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    declared = {name for name, parser in sub.choices.items()
+                if any("--version" in action.option_strings for action in parser._actions)}
+    assert declared == {argv[0] for argv in VERSION_ARGVS if argv[-1] not in ("--to", "--onto")}
+
+
+@pytest.mark.parametrize("argv", VERSION_ARGVS)
 def test_a_version_the_lock_does_not_pin_is_refused_naming_the_pins(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     # Nothing may be fetched: a closed local port makes any download fail at once.

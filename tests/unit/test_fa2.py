@@ -7,6 +7,7 @@ or on a copy of one real upstream wrapper broken on purpose.
 from __future__ import annotations
 
 import ast
+import re
 import zipfile
 from pathlib import Path
 
@@ -173,10 +174,68 @@ def test_aliases_unknown_ops_and_literal_none_are_checked(snapshot, tmp_path):
 
 
 def test_a_tree_without_the_scanned_paths_is_refused(snapshot, tmp_path):
-    with pytest.raises(KilnError, match="no Python files to check; looked in .*vllm/vllm_flash_attn"):
+    # The upstream scan is the whole vllm/ package, so that is where it looked.
+    with pytest.raises(KilnError, match=f"no Python files to check; looked in {re.escape(str(tmp_path / 'vllm'))}$"):
         fa2.check_calls([(tmp_path, fa2.UPSTREAM_SCAN)], snapshot)
 
 
 def test_an_unknown_version_has_no_snapshot(tmp_path):
     with pytest.raises(KilnError, match=r"9\.9\.9\.txt is missing; write it with"):
         fa2.Snapshot.load("9.9.9", tmp_path)
+
+
+BROKEN_CALL = "import torch\n\ntorch.ops._C_cache_ops.reshape_and_cache(1, 2)\n"
+
+
+def test_calls_anywhere_in_upstreams_package_are_checked_but_not_an_installed_fork(snapshot, tmp_path):
+    # vllm/_cpu_ops.py: 0.34.0 moved calls there, outside every folder once listed.
+    for path in ("vllm/_cpu_ops.py", "vllm/fork/ops.py", "vllm/kvarn/ops.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(BROKEN_CALL)
+    report = fa2.check_calls([(tmp_path, fa2.UPSTREAM_SCAN)], snapshot)
+    # The fork's installed packages are read from the checkout, not from the tree.
+    assert [e.split(": ")[0] for e in report.errors] == ["vllm/_cpu_ops.py:3"]
+    assert "missing required argument(s) key_cache" in report.errors[0]
+
+
+@pytest.fixture
+def checkout_without_series(tmp_path) -> tuple:
+    """A copy of this checkout whose patches/0.34.0/ is absent, with a broken call
+    added to its kvarn/."""
+    import shutil
+
+    copy = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("kiln", "fa2", "requirements", "vllm", "kvarn", "specattn", "patches"):
+        shutil.copytree(REPO_ROOT / folder, copy / folder, ignore=ignore)
+    shutil.rmtree(copy / "patches" / "0.34.0", ignore_errors=True)
+    (copy / "kvarn" / "broken_ops.py").write_text(BROKEN_CALL)
+    return copy
+
+
+def _kiln(cwd: Path, *argv: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kiln", *argv], cwd=cwd, capture_output=True, text=True)
+
+
+def test_a_pin_without_its_series_yet_is_checked_pristine_with_the_checkouts_fork(checkout_without_series):
+    result = _kiln(checkout_without_series, "fa2-check", "--version", "0.34.0")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "no series in patches/0.34.0/ yet: checking pristine vLLM 0.34.0"
+    assert [l for l in lines if l.startswith("FAIL")] == [
+        f"FAIL kvarn/broken_ops.py:3: torch.ops._C_cache_ops.reshape_and_cache: missing required "
+        f"argument(s) key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale (an "
+        f"argument without a default must be passed, even when it may be None); schema: "
+        f"{fa2.Snapshot.load('0.34.0').namespaces['_C_cache_ops'].schemas['reshape_and_cache']}"]
+
+
+def test_a_tree_is_checked_with_the_checkouts_fork(checkout_without_series, tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "vllm" / "vllm_flash_attn").mkdir(parents=True)
+    (tree / "vllm" / "vllm_flash_attn" / "ops.py").write_text("import torch\n")
+    result = _kiln(checkout_without_series, "fa2-check", "--version", "0.34.0", "--tree", str(tree))
+    assert result.returncode == 1, result.stderr
+    assert "FAIL kvarn/broken_ops.py:3: torch.ops._C_cache_ops.reshape_and_cache:" in result.stdout

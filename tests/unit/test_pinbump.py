@@ -10,7 +10,7 @@ import pytest
 from kiln.errors import KilnError
 from kiln.fetch import sha256_of
 from kiln.lock import UpstreamLock
-from kiln.pinbump import cuda_pins, pin_bump, release_from_registry, update_fork_pins
+from kiln.pinbump import cuda_pins, pin_bump, release_from_registry, torch_dependents, update_fork_pins
 
 WHEEL = "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 H = "ab" * 32
@@ -96,6 +96,7 @@ def test_pin_bump_adds_the_version_keeps_the_default_and_moves_the_cubin_pin(tmp
     assert lock.read_text().startswith("# pins\n")
     assert pins.read_text() == "flashinfer-cubin==0.7.2\n"
     assert "flashinfer-python: flashinfer-python==0.7.0 -> flashinfer-python==0.7.2" in result.upstream_changes
+    assert result.torch is None  # neither requirements file pins torch
 
     pin_bump("2.0.0", lock_path=lock, pins_path=pins, make_default=True, files=files)
     assert UpstreamLock.load(lock).default == "2.0.0"
@@ -109,3 +110,42 @@ def test_pin_bump_refuses_to_change_an_existing_pin(tmp_path, monkeypatch):
     with pytest.raises(KilnError, match="refusing to overwrite a pin"):
         pin_bump("1.0.0", lock_path=lock, pins_path=tmp_path / "p.txt", make_default=False,
                  files={WHEEL: "cd" * 32, "vllm-1.0.0.tar.gz": H})
+
+
+def test_pin_bump_that_moves_torch_says_what_moves_and_what_must_be_rebuilt(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KILN_CACHE", str(cache))
+    old_sha = make_sdist(cache, "1.0.0", "-r common.txt\ntorch==2.14.0\ntorchaudio==2.11.0\n"
+                                         "torchvision==0.29.0\nflashinfer-python==0.7.3\n")
+    new_sha = make_sdist(cache, "2.0.0", "-r common.txt\ntorch==2.15.0\ntorchaudio==2.12.0\n"
+                                         "torchvision==0.29.0\nflashinfer-python==0.7.3\n")
+    lock = tmp_path / "upstream.lock"
+    lock.write_text(f'default = "1.0.0"\n\n[versions."1.0.0"]\nwheel = "{WHEEL}"\nwheel_sha256 = "{H}"\n'
+                    f'sdist = "vllm-1.0.0.tar.gz"\nsdist_sha256 = "{old_sha}"\n')
+    files = {"vllm-2.0.0-cp38-abi3-manylinux_2_28_x86_64.whl": "cd" * 32, "vllm-2.0.0.tar.gz": new_sha}
+    result = pin_bump("2.0.0", lock_path=lock, pins_path=tmp_path / "fork-pins.txt", make_default=False,
+                      files=files)
+    # This checkout: the xgrammar build pins no torch, csrc/ has no torch extension and
+    # the KVarN library includes no torch header, so only these two are named.
+    assert result.torch.describe() == [
+        "torch moves: 2.14.0 -> 2.15.0; with it torchaudio: torchaudio==2.11.0 -> torchaudio==2.12.0",
+        "rebuild against the new torch:",
+        "  the CPU test venv: kiln/testenv.py installs the wheel's own torch pin, so the next "
+        "`tests/run` makes a new venv with torch==2.15.0",
+        "  the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, now "
+        "built against torch 2.15.0, to a machine that keeps its own torch; rebuild it and rerun "
+        "tests/gpu there",
+    ]
+
+
+def test_torch_dependents_name_a_torch_extension_a_torch_header_and_a_torch_build_pin(tmp_path):
+    assert len(torch_dependents(tmp_path, "2.15.0")) == 2
+    (tmp_path / "csrc" / "kvarn").mkdir(parents=True)
+    (tmp_path / "csrc" / "ops.cu").write_text("__global__ void k() {}\n")
+    (tmp_path / "csrc" / "kvarn" / "decode.cu").write_text("#include <torch/extension.h>\n")
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "xgrammar-build.txt").write_text("scikit-build-core==1.1.2\ntorch==2.15.0\n")
+    named = [line.split(":")[0] for line in torch_dependents(tmp_path, "2.15.0")]
+    assert named == ["the CPU test venv", "the GPU bundle (`python -m kiln gpu-bundle`)",
+                     "the fork's xgrammar wheels", "the fork's torch extension _kiln_C",
+                     "the KVarN CUDA library"]

@@ -29,6 +29,7 @@ def max_query_len(speculator: Any) -> int:
                speculator.target_input_buffers.max_num_tokens)
 
 
+# mirrors: vllm.v1.worker.gpu.spec_decode.dflash.speculator.prepare_dflash_inputs (its BLOCK_SIZE)
 @torch.inference_mode()
 def prewarm_input_kernel(speculator: Any) -> list[int]:
     """Launch prepare_dflash_inputs once per variant; return the BLOCK_SIZEs."""

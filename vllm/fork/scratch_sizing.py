@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# mirrors: vllm.v1.attention.backends.triton_attn.NUM_PAR_SOFTMAX_SEGMENTS
 SEGMENTS = 16  # the pool's split count: upstream's NUM_PAR_SOFTMAX_SEGMENTS
 FLOAT32_BYTES = 4
 
@@ -21,6 +22,7 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+# mirrors: vllm.v1.attention.backends.triton_attn.TritonAttentionMetadataBuilder.__init__ (seq_threshold_3D)
 def seq_threshold_3d(num_kv_heads: int, min_grid: int,
                      capture_sizes: Sequence[int] | None) -> int:
     """The most requests a split batch has: the launch grid of the non-split kernel
@@ -35,6 +37,7 @@ def seq_threshold_3d(num_kv_heads: int, min_grid: int,
     return threshold
 
 
+# mirrors: vllm.v1.attention.backends.triton_attn.TritonAttentionMetadataBuilder.__init__ (max_query_len_3d)
 def split_query_len(num_speculative_tokens: int, parallel_drafting: bool,
                     upstream_max: int, fork_max: int) -> int:
     """Query tokens per request a split batch can have: one without speculation; with
@@ -70,6 +73,7 @@ def is_split_batch(num_reqs: int, max_query_len: int, threshold: int, query_len:
     return num_reqs <= threshold and max_query_len <= query_len
 
 
+# mirrors: vllm.v1.attention.backends.triton_attn.TritonAttentionMetadataBuilder.__init__ (max_seqs_64_segments)
 def segment_shortfall(num_reqs: int, num_kv_heads: int, num_compute_units: int,
                       segments: int = SEGMENTS) -> int:
     """Requests of a split batch that would have needed more segments: its grid

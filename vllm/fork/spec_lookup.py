@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 # Below this temperature a request samples greedily (upstream's _SAMPLING_EPS).
+# mirrors: vllm.sampling_params._SAMPLING_EPS
 GREEDY_EPS = 1e-5
 # Fully accepted steps in a row after which the trusted length doubles.
 GROW_STREAK = 2
@@ -38,6 +39,7 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+# mirrors: vllm.v1.worker.gpu.spec_decode.dflash.speculator.prepare_dflash_inputs (its BLOCK_SIZE)
 def dflash_input_block_sizes(max_query_len: int, num_query_per_req: int) -> list[int]:
     """The BLOCK_SIZE values of upstream's prepare_dflash_inputs for every batch whose
     longest target query is 1..max_query_len tokens: min(256, next_pow2(q + 1 + k))

@@ -31,6 +31,7 @@ logger = init_logger(__name__)
 
 # Upstream's MIN_LAUNCH_GRID_SIZE_2D (backends/triton_attn.py), read from there when a
 # builder attaches; the profiling reservation runs before any builder exists.
+# mirrors: vllm.v1.attention.backends.triton_attn.MIN_LAUNCH_GRID_SIZE_2D
 MIN_LAUNCH_GRID_SIZE_2D = 128
 
 
@@ -168,6 +169,7 @@ class Attachment:
     num_compute_units: int
 
 
+# mirrors: vllm.v1.attention.backends.triton_attn.TritonAttentionMetadataBuilder.__init__ (the scratch it allocates)
 def attach(builder, vllm_config: VllmConfig, kv_cache_spec, device: torch.device) -> None:
     """Give a TritonAttentionMetadataBuilder views of its geometry's pool in place of
     the scratch it just allocated (16 segments; the SM120 64-segment path off)."""

@@ -26,6 +26,7 @@ logger = init_logger(__name__)
 
 REQUEST_ID = "_kiln_warmup_one_prefill_"
 # Longer than any query upstream's split (3D) attention path takes (8 tokens in 0.33).
+# mirrors: vllm.v1.attention.ops.triton_unified_attention.MAX_3D_QUERY_LEN
 MIN_PROMPT_TOKENS = 17
 
 
@@ -58,6 +59,8 @@ def commit_blocks(model_runner: Any, num_blocks: int) -> None:
     ensure_kv_cache_blocks(model_runner, num_blocks)
 
 
+# mirrors: vllm.v1.worker.gpu.warmup.run_mixed_prefill_decode_warmup (block ids from 1, checked against the
+# cache's blocks, counted by _warmup_block_counter)
 @torch.inference_mode()
 def warm_one_request_prefill(model_runner: Any,
                              execute_model: Callable[[Any], Any],
