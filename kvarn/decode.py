@@ -22,6 +22,7 @@ import triton.language as tl
 
 from . import decode_select
 from ._triton_common import checked
+from .decode_side import side_pool_blocks
 from .decode_unpack import crumbs, nibbles
 from .layout import PagedKV
 from .rotate import rotate
@@ -52,13 +53,6 @@ def _v_acc(acc, alpha, pa_e, pa_o, c_e, c_o, pbias, vcol_ptr, U: tl.constexpr,
     pv = tl.dot(pa_o, c_o, pv)
     vc = tl.load(vcol_ptr + VPER * tl.arange(0, VNB) + U).to(tl.float32) * (1.0 / f)
     return acc * alpha[:, None] + (pv + (pbias * f)[:, None]) * vc[None, :]
-
-
-@triton.jit
-def _fp16_v_part(acc, alpha, p16, vbase, tt, U: tl.constexpr, VPER: tl.constexpr,
-                 D: tl.constexpr):
-    v = tl.load(vbase + tt[:, None] * D + VPER * tl.arange(0, D // VPER)[None, :] + U)
-    return acc * alpha[:, None] + tl.dot(p16, v)
 
 
 # No value specialization of the runtime ints (see decode_pipelined): one binary per
@@ -173,34 +167,10 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
 
     # fp16 rows from the side pool: sink (logical block 0) then the tail (F+1, ...).
     if s == 0:
-        q = qf.to(tl.float16)
-        # Bounded by the table, so a dummy run's arbitrary lengths read only its zeros.
-        n_fp = tl.minimum(tl.cdiv(L, G) - F, st_width)
-        for j in range(0, n_fp):
-            logical = tl.where(j == 0, 0, F + j)
-            sid = tl.load(st_ptr + b * st_stride + j)
-            sid = checked(sid, n_side, err_ptr, DEBUG)
-            base = side_ptr + sid.to(tl.int64) * (2 * H * G * D) + h * (G * D)
-            vbase = base + H * G * D
-            for c in tl.static_range(NSUB):
-                tt = c * TS + tl.arange(0, TS)
-                k = tl.load(base + tt[None, :] * D + dd[:, None])  # [D, TS]
-                sc = tl.dot(q, k) * qk_scale
-                pos = logical * G + tt
-                sc = tl.where(pos[None, :] < limit[:, None], sc, float("-inf"))
-                # the sink's first sub-tile always holds a visible token, so m_new is
-                # finite from the first step on
-                m_new = tl.maximum(m_i, tl.max(sc, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(sc - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                p16 = p.to(tl.float16)
-                acc0 = _fp16_v_part(acc0, alpha, p16, vbase, tt, 0, VPER, D)
-                acc1 = _fp16_v_part(acc1, alpha, p16, vbase, tt, 1, VPER, D)
-                if VPER == 4:
-                    acc2 = _fp16_v_part(acc2, alpha, p16, vbase, tt, 2, VPER, D)
-                    acc3 = _fp16_v_part(acc3, alpha, p16, vbase, tt, 3, VPER, D)
-                m_i = m_new
+        acc0, acc1, acc2, acc3, m_i, l_i = side_pool_blocks(
+            acc0, acc1, acc2, acc3, m_i, l_i, qf.to(tl.float16), side_ptr,
+            st_ptr + b.to(tl.int64) * st_stride, L, F, st_width, limit, h, n_side, err_ptr,
+            qk_scale, H, G, D, TS, VPER, DEBUG)
 
     empty = l_i == 0.0  # a split with no blocks
     inv = 1.0 / tl.where(empty, 1.0, l_i)

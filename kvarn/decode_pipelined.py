@@ -22,42 +22,8 @@ import triton
 import triton.language as tl
 
 from ._triton_common import checked
+from .decode_side import side_pool_blocks
 from .decode_unpack import crumbs, nibbles
-
-
-@triton.jit
-def _fp16_block(acc0, acc1, acc2, acc3, m_i, l_i, q, side_ptr, st_row, j, F, limit, h,
-                n_side, err_ptr, qk_scale, H: tl.constexpr, G: tl.constexpr,
-                D: tl.constexpr, TS: tl.constexpr, VPER: tl.constexpr, DEBUG: tl.constexpr):
-    """Side block j of a request (0: the sink, logical block 0; j > 0: logical F + j)."""
-    logical = tl.where(j == 0, 0, F + j)
-    sid = checked(tl.load(st_row + j), n_side, err_ptr, DEBUG)
-    base = side_ptr + sid.to(tl.int64) * (2 * H * G * D) + h * (G * D)
-    vbase = base + H * G * D
-    dd = tl.arange(0, D)
-    VNB: tl.constexpr = D // VPER
-    for c in tl.static_range(G // TS):
-        tt = c * TS + tl.arange(0, TS)
-        k = tl.load(base + tt[None, :] * D + dd[:, None])  # [D, TS]
-        sc = tl.dot(q, k) * qk_scale
-        pos = logical * G + tt
-        sc = tl.where(pos[None, :] < limit[:, None], sc, float("-inf"))
-        # A fully masked sub-tile keeps m_i at -inf; exp2 of (-inf) - (-inf) is NaN, so
-        # the reference value is made finite (its p are all 0 then).
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(sc - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p16 = p.to(tl.float16)
-        cc = VPER * tl.arange(0, VNB)[None, :]
-        acc0 = acc0 * alpha[:, None] + tl.dot(p16, tl.load(vbase + tt[:, None] * D + cc))
-        acc1 = acc1 * alpha[:, None] + tl.dot(p16, tl.load(vbase + tt[:, None] * D + cc + 1))
-        if VPER == 4:
-            acc2 = acc2 * alpha[:, None] + tl.dot(p16, tl.load(vbase + tt[:, None] * D + cc + 2))
-            acc3 = acc3 * alpha[:, None] + tl.dot(p16, tl.load(vbase + tt[:, None] * D + cc + 3))
-        m_i = m_new
-    return acc0, acc1, acc2, acc3, m_i, l_i
 
 
 @triton.jit
@@ -219,14 +185,10 @@ def attn_pipelined_kernel(
     else:
         fp_here = s == 0
     if fp_here:
-        q16 = qf.to(tl.float16)
-        st_row = st_ptr + b.to(tl.int64) * st_stride
-        # Bounded by the table, so a dummy run's arbitrary lengths read only its zeros.
-        n_fp = tl.minimum(tl.cdiv(L, G) - F, st_width)
-        for j in range(0, n_fp):
-            acc0, acc1, acc2, acc3, m_i, l_i = _fp16_block(
-                acc0, acc1, acc2, acc3, m_i, l_i, q16, side_ptr, st_row, j, F, limit, h,
-                n_side, err_ptr, qk_scale, H, G, D, TS, VPER, DEBUG)
+        acc0, acc1, acc2, acc3, m_i, l_i = side_pool_blocks(
+            acc0, acc1, acc2, acc3, m_i, l_i, qf.to(tl.float16), side_ptr,
+            st_ptr + b.to(tl.int64) * st_stride, L, F, st_width, limit, h, n_side, err_ptr,
+            qk_scale, H, G, D, TS, VPER, DEBUG)
 
     empty = l_i == 0.0  # a program with no visible position
     inv = 1.0 / tl.where(empty, 1.0, l_i)
