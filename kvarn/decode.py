@@ -22,6 +22,7 @@ import triton.language as tl
 
 from . import decode_select
 from ._triton_common import checked
+from .combine import combine
 from .decode_side import side_pool_blocks
 from .decode_unpack import crumbs, nibbles
 from .layout import PagedKV
@@ -185,18 +186,6 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     tl.store(lse_ptr + o_row, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
-def _combine_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    ss = tl.arange(0, BLOCK_S)
-    dd = tl.arange(0, D)
-    lse = tl.load(lse_ptr + row * SPLITS + ss, mask=ss < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    o = tl.load(o_ptr + (row * SPLITS + ss)[:, None] * D + dd[None, :],
-                mask=(ss < SPLITS)[:, None], other=0.0)
-    tl.store(out_ptr + row * D + dd, tl.sum(o * w[:, None], 0) / tl.sum(w, 0))
-
-
 VARIANTS = ("prefetch", "pipelined")  # the Triton kernels, tuned by launch parameters
 # What variant= and KVARN_DECODE_VARIANT accept: "cuda" is the CUDA C++ kernel
 # (decode_cuda) where it is available and has the shape, else "prefetch"; "auto" is the
@@ -350,9 +339,7 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     if parts == 1:
         return o.view(bsz, nq, hq, d)
     out = torch.empty(bsz * nq * hq, d, dtype=torch.float32, device=dev)
-    _combine_kernel[(bsz * nq * hq,)](o, lse, out, parts, D=d,
-                                      BLOCK_S=triton.next_power_of_2(parts))
-    return out.view(bsz, nq, hq, d)
+    return combine(o, lse, parts, out).view(bsz, nq, hq, d)
 
 
 def attend(q: torch.Tensor, kv: PagedKV, block_table: torch.Tensor, side_table: torch.Tensor,

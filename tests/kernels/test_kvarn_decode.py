@@ -140,18 +140,19 @@ def test_verify_row_equals_decode_at_that_length(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_rows_that_see_no_position_yet_are_zeros(variant):
+@pytest.mark.parametrize("splits", [1, 2])
+def test_rows_that_see_no_position_yet_are_zeros(variant, splits):
     # A dummy run (warm-up, CUDA-graph capture) may pass seq_len < query_len: a verify
     # row's causal limit is then <= 0, and the first fp16 sub-tile it meets is fully
-    # masked while its running max is still -inf. Such a row is zeros, as the CUDA kernel
-    # writes it, not NaN; the rows that do see positions are exact.
+    # masked while its running max is still -inf; split, no part sees it. Such a row is
+    # zeros, as the CUDA kernel writes it, not NaN; the rows that see positions are exact.
     p = Preset.parse(PRESETS[0])
     Q, lens = 3, [2, 1]
     st = make_state(p, D, HEADS, lens, Q, seed=51)
     q = torch.randn(len(lens), Q, HEADS * 4, D,
                     generator=torch.Generator().manual_seed(51)).to(DEVICE)
     out = attend_rotated(q, st.kv, st.block_table, st.side_table, st.seq_lens,
-                         st.num_flushed, num_splits=1, variant=variant)
+                         st.num_flushed, num_splits=splits, variant=variant)
     for b, L in enumerate(lens):
         for i in range(Q):
             seen = L - Q + i + 1
