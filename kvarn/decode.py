@@ -250,7 +250,9 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                    side_table: torch.Tensor, seq_lens: torch.Tensor,
                    num_flushed: torch.Tensor, sm_scale: float | None = None,
                    num_splits: int | None = None, debug: bool = False,
-                   variant: str | None = None, **launch) -> torch.Tensor:
+                   variant: str | None = None,
+                   selector: decode_select.DecodeSelector | None = None,
+                   **launch) -> torch.Tensor:
     """Attention in the rotated frame. q_rot [B, Q, Hq, D] -> fp32 [B, Q, Hq, D].
 
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
@@ -258,7 +260,9 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     is available and has the shape, else "prefetch"), "auto" (the same choice; a
     fallback is logged as info, not as a warning), "prefetch" (L2 prefetch of the next
     records) or "pipelined" (cp.async multi-buffered record stream,
-    ``decode_pipelined``); default ``default_variant()``.
+    ``decode_pipelined``); default ``default_variant()``. selector: the
+    ``decode_select.DecodeSelector`` that remembers, across calls, whether the CUDA kernel
+    serves this process and which fallbacks were logged (None: a fresh one, for this call).
     Launch parameters tune the Triton variants only (None or absent = ``launch_config``):
     num_warps, num_stages, maxnreg (caps registers per thread; the prefetch kernel takes
     ~240 otherwise, 2 programs of 4 warps per H200 SM), tile_tokens (tokens per
@@ -284,10 +288,11 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         if given:
             raise TypeError(f"decode variant {variant!r} takes no {', '.join(given)}: launch "
                             f"parameters tune the Triton variants ({', '.join(VARIANTS)})")
-        if decode_select.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
-                                debug) == "cuda":
-            out = decode_select.attend(q_rot, kv, block_table, side_table, seq_lens,
-                                       num_flushed, sm_scale, num_splits or None)
+        selector = selector or decode_select.DecodeSelector()
+        if selector.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
+                           debug) == "cuda":
+            out = selector.attend(q_rot, kv, block_table, side_table, seq_lens,
+                                  num_flushed, sm_scale, num_splits or None)
             if out is not None:
                 return out
         variant = decode_select.FALLBACK

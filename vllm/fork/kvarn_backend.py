@@ -30,6 +30,7 @@ from vllm.fork.kvarn_config import side_pool_plan
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
 from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
+from vllm.kvarn.decode_select import DecodeSelector
 from vllm.kvarn.sidepool import SidePool, cdiv
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
@@ -199,6 +200,7 @@ class KVarNMetadata(AttentionMetadata):
     num_decodes: int
     num_decode_tokens: int
     decode_query_len: int
+    decode_selector: DecodeSelector  # the builder's: which decode kernel serves
     prefill_packs: tuple[tuple[int, int, int, int], ...]  # first, end, blocks, max q
     query_start_loc_cpu: np.ndarray
     restore_grid: int  # entries of the restore and flush tables a launch covers
@@ -279,6 +281,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         num_flush = rows * 2 + cdiv(tokens + rows * self.slack, g)
         self.tables = _Tables(rows, width, num_flush, tokens, device)
         self.scratch_blocks = scratch_blocks(vllm_config, self.preset)
+        self.decode_selector = DecodeSelector()
         self._last_step = -1
         logger.info_once(
             "KVarN %s: side pool of %d blocks per layer (%.1f MiB per layer; needs %d "
@@ -404,7 +407,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             flush_dst=self.tables.flush_dst, num_decodes=num_decodes,
             num_decode_tokens=num_decode_tokens,
             decode_query_len=num_decode_tokens // num_decodes if num_decodes else 0,
-            prefill_packs=packs,
+            decode_selector=self.decode_selector, prefill_packs=packs,
             query_start_loc_cpu=cam.query_start_loc_cpu[: cam.num_reqs + 1].numpy(),
             restore_grid=restore_grid, flush_grid=flush_grid)
 
@@ -439,13 +442,13 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         assert config is not None, "the KVARN impl is built inside the model's config"
         self.side_plan = side_pool_plan(config, self.preset, self.num_kv_heads, head_size)
         self.scratch_blocks = scratch_blocks(config, self.preset)
-        from vllm.kvarn import decode, decode_select
+        from vllm.kvarn import decode
 
         spec = config.speculative_config
         q_len = 1 + ((spec.num_speculative_tokens or 0) if spec else 0)
         rows = q_len * (num_heads // self.num_kv_heads)
         logger.info_once("KVarN decode kernel (head dim %d, %d query rows per KV head): %s",
-                         head_size, rows, decode_select.describe(
+                         head_size, rows, DecodeSelector().describe(
                              decode.default_variant(), self.preset, head_size, rows))
 
     def _pools(self, layer, kv_cache: torch.Tensor) -> tuple[PagedKV, torch.Tensor]:
@@ -494,7 +497,8 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if nd:
             qd = query[:ndt].view(nd, md.decode_query_len, hq, d)
             res = decode.attend(qd, kv, md.block_table[:nd], md.side_table[:nd],
-                                md.seq_lens[:nd], md.num_flushed[:nd], sm_scale=self.scale)
+                                md.seq_lens[:nd], md.num_flushed[:nd], sm_scale=self.scale,
+                                selector=md.decode_selector)
             out[:ndt] = res.reshape(ndt, hq, d).to(out.dtype)
         for pack in md.prefill_packs:
             self._prefill_pack(pack, query, out, kv, md)
