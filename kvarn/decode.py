@@ -56,8 +56,9 @@ def _v_acc(acc, alpha, pa_e, pa_o, c_e, c_o, pbias, vcol_ptr, U: tl.constexpr,
     return acc * alpha[:, None] + (pv + (pbias * f)[:, None]) * vc[None, :]
 
 
-# No value specialization of the runtime ints (see decode_pipelined): one binary per
-# launch configuration, whatever the batch, pool sizes and split count.
+# No value specialization of the runtime ints: one binary per launch configuration,
+# whatever the batch, pool sizes and split count (fewer JIT compiles while serving, and
+# a small-shape warm-up compiles exactly what a large one runs).
 @triton.jit(do_not_specialize=["bt_stride", "st_stride", "st_width", "n_cache", "n_side",
                                "SPLITS"])
 def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, nf_ptr,
@@ -186,7 +187,7 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     tl.store(lse_ptr + o_row, lse, mask=row_ok)
 
 
-VARIANTS = ("prefetch", "pipelined")  # the Triton kernels, tuned by launch parameters
+VARIANTS = ("prefetch",)  # the Triton kernel, tuned by launch parameters
 # What variant= and KVARN_DECODE_VARIANT accept: "cuda" is the CUDA C++ kernel
 # (decode_cuda) where it is available and has the shape, else "prefetch"; "auto" is the
 # same choice, with its fallbacks logged as info rather than warnings (decode_select).
@@ -200,14 +201,10 @@ DEFAULT_VARIANT = "auto"
 LAUNCH_DEFAULTS: dict[str, dict] = {
     "prefetch": {"num_warps": 4, "num_stages": 1, "maxnreg": None, "tile_tokens": 128,
                  "prefetch": 2, "programs_per_sm": 2},
-    "pipelined": {"num_warps": 4, "num_stages": 3, "maxnreg": None, "tile_tokens": 64,
-                  "programs_per_sm": 4, "fp_split": True, "flat": True},
 }
 LAUNCH_DEFAULTS_BY_HEAD_DIM: dict[tuple[str, int], dict] = {}
 _PARAMS = {"prefetch": {"num_warps", "num_stages", "maxnreg", "tile_tokens", "prefetch",
-                        "programs_per_sm", "unpack_asm"},
-           "pipelined": {"num_warps", "num_stages", "maxnreg", "tile_tokens",
-                         "programs_per_sm", "fp_split", "flat", "unpack_asm"}}
+                        "programs_per_sm", "unpack_asm"}}
 
 
 def default_variant() -> str:
@@ -258,20 +255,18 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
     positions). variant: "cuda" (the CUDA C++ kernel, ``decode_cuda``, where its library
     is available and has the shape, else "prefetch"), "auto" (the same choice; a
-    fallback is logged as info, not as a warning), "prefetch" (L2 prefetch of the next
-    records) or "pipelined" (cp.async multi-buffered record stream,
-    ``decode_pipelined``); default ``default_variant()``. selector: the
+    fallback is logged as info, not as a warning) or "prefetch" (the Triton kernel, with
+    an L2 prefetch of the next records); default ``default_variant()``. selector: the
     ``decode_select.DecodeSelector`` that remembers, across calls, whether the CUDA kernel
     serves this process and which fallbacks were logged (None: a fresh one, for this call).
-    Launch parameters tune the Triton variants only (None or absent = ``launch_config``):
+    Launch parameters tune the Triton kernel only (None or absent = ``launch_config``):
     num_warps, num_stages, maxnreg (caps registers per thread; the prefetch kernel takes
     ~240 otherwise, 2 programs of 4 warps per H200 SM), tile_tokens (tokens per
     online-softmax step, a power of two >= 32, capped at the group), programs_per_sm
     (split-K grid size when num_splits is None), unpack_asm (inline-PTX unpacking;
     default on CUDA outside the interpreter, the portable path computes the same fp16
-    values); "prefetch" only: prefetch (records run ahead into L2, PTX path only, 0 = off);
-    "pipelined" only: fp_split (a split request's fp16 blocks get a program of their
-    own). debug=True validates the tables on the host and flags, inside the kernel, any
+    values), prefetch (records run ahead into L2, PTX path only, 0 = off).
+    debug=True validates the tables on the host and flags, inside the kernel, any
     block id outside its pool (raising IndexError).
     """
     bsz, nq, hq, d = q_rot.shape
@@ -287,7 +282,7 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         given = sorted(k for k, v in launch.items() if v is not None)
         if given:
             raise TypeError(f"decode variant {variant!r} takes no {', '.join(given)}: launch "
-                            f"parameters tune the Triton variants ({', '.join(VARIANTS)})")
+                            f"parameters tune the Triton kernel ({', '.join(VARIANTS)})")
         selector = selector or decode_select.DecodeSelector()
         if selector.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
                            debug) == "cuda":
@@ -308,13 +303,11 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         unpack_asm = q_rot.is_cuda and torch.version.hip is None
     if _interpreting():
         unpack_asm = False  # inline PTX does not run in the interpreter
-    fp_split = variant == "pipelined" and splits > 1 and bool(cfg["fp_split"])
-    parts = splits + fp_split
     hpg = hq // h
     lay = kv.preset.layout(d)
     dev = q_rot.device
-    o = torch.empty(bsz * nq * hq * parts, d, dtype=torch.float32, device=dev)
-    lse = torch.empty(bsz * nq * hq * parts, dtype=torch.float32, device=dev)
+    o = torch.empty(bsz * nq * hq * splits, d, dtype=torch.float32, device=dev)
+    lse = torch.empty(bsz * nq * hq * splits, dtype=torch.float32, device=dev)
     # The error flag is written only in debug mode; otherwise any int32 buffer will do
     # (no memset launch on the decode path).
     err = torch.zeros(1, dtype=torch.int32, device=dev) if debug else seq_lens
@@ -331,20 +324,14 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                   USE_ASM=bool(unpack_asm), DEBUG=debug, num_warps=cfg["num_warps"])
     if cfg["maxnreg"]:
         fields["maxnreg"] = cfg["maxnreg"]
-    if variant == "prefetch":
-        _attn_kernel[(bsz, h, splits)](*args, **fields, num_stages=cfg["num_stages"],
-                                       PF=cfg["prefetch"] if unpack_asm else 0)
-    else:
-        from .decode_pipelined import attn_pipelined_kernel
-        attn_pipelined_kernel[(bsz, h, parts)](*args, **fields, STAGES=cfg["num_stages"],
-                                               num_stages=cfg["num_stages"],
-                                               FLAT=bool(cfg["flat"]), FP_SPLIT=fp_split)
+    _attn_kernel[(bsz, h, splits)](*args, **fields, num_stages=cfg["num_stages"],
+                                   PF=cfg["prefetch"] if unpack_asm else 0)
     if debug and int(err.item()):
         raise IndexError("a block table or side table entry points outside its pool")
-    if parts == 1:
+    if splits == 1:
         return o.view(bsz, nq, hq, d)
     out = torch.empty(bsz * nq * hq, d, dtype=torch.float32, device=dev)
-    return combine(o, lse, parts, out).view(bsz, nq, hq, d)
+    return combine(o, lse, splits, out).view(bsz, nq, hq, d)
 
 
 def attend(q: torch.Tensor, kv: PagedKV, block_table: torch.Tensor, side_table: torch.Tensor,
