@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from vllm.config import get_current_vllm_config_or_none
-from vllm.fork import kvarn_lifecycle
 from vllm.fork.kvarn_config import side_pool_plan
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
+from vllm.fork.kvarn_lifecycle import SidePoolLifecycle
 from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
 from vllm.kvarn.decode_select import DecodeSelector
@@ -272,7 +272,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                               kv_cache_spec.head_size)
         self.slack = plan.slack
         self.pool = SidePool(plan.num_blocks, g)
-        kvarn_lifecycle.register(self.pool, layer_names, kv_cache_spec.block_size)
+        self.lifecycle = SidePoolLifecycle(self.pool, layer_names, kv_cache_spec.block_size)
         sched = vllm_config.scheduler_config
         tokens = sched.max_num_batched_tokens
         rows = sched.max_num_seqs
@@ -293,7 +293,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
         cam = common_attn_metadata
-        step = kvarn_lifecycle.current_step()
+        step = self.lifecycle.steps
         if step == self._last_step or cam.req_idx is None:
             # Not a step the runner announced: warm-up or another dummy run.
             return self._inert(cam)
