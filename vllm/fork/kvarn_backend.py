@@ -57,14 +57,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-BACKEND_NAME, BACKEND_PATH = KVARN_BACKEND
+BACKEND_NAME = KVARN_BACKEND[0]
 # Sm80+ (Ampere: the 3090/4090-class cards the fork serves on, and datacenter cards).
 MIN_CAPABILITY = 80
-
-
-# The preset of the last KVARN impl built: Model Runner V2 asks the backend about
-# specs outside any current config, after the layers (and their impls) exist.
-_built_preset: Preset | None = None
 
 
 def _run_preset() -> Preset | None:
@@ -74,10 +69,11 @@ def _run_preset() -> Preset | None:
     return Preset.parse(config.cache_config.cache_dtype)
 
 
-def _spec_preset(spec: AttentionSpec) -> Preset | None:
+def _spec_preset(spec: AttentionSpec, layer_preset: Preset | None = None) -> Preset | None:
     """The preset of a KVarN layer's spec, None for any other spec. 0.32.0's
     kvarn-dtypes topic gives each preset a KVQuantMode of its own; from 0.33.0 the
-    registered presets share KVQuantMode.CUSTOM, so the run's preset says which."""
+    registered presets share KVQuantMode.CUSTOM, so the run's preset says which, or
+    outside any current config the preset of the layer's backend class."""
     mode = spec.kv_quant_mode
     if mode.name.startswith("KVARN_"):
         return Preset.parse(mode.name.lower())
@@ -85,11 +81,16 @@ def _spec_preset(spec: AttentionSpec) -> Preset | None:
     if not getattr(mode, "is_custom_mode", False):
         return None
     if get_current_vllm_config_or_none() is None:
-        return _built_preset
+        return layer_preset
     return _run_preset()
 
 
 class KVarNAttentionBackend(AttentionBackend):
+    # The preset of the layers the class serves: None on this class, the one registered
+    # as KVARN (it answers from the current config); select_kvarn_backend gives each
+    # layer its preset's subclass, because Model Runner V2 asks about a layer's spec
+    # outside any current config too.
+    preset: ClassVar[Preset | None] = None
     accept_output_buffer: bool = True
     # forward stages the new rows itself: staging, flush and attention share metadata.
     forward_includes_kv_cache_update: bool = True
@@ -100,27 +101,27 @@ class KVarNAttentionBackend(AttentionBackend):
     def get_name() -> str:
         return BACKEND_NAME
 
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        """[G]: a kernel block is one tile. Without a spec, G of the run's preset."""
-        preset = _spec_preset(kv_cache_spec) if kv_cache_spec is not None else None
+    @classmethod
+    def get_supported_kernel_block_sizes(cls, kv_cache_spec=None) -> list[int | MultipleOf]:
+        """[G]: a kernel block is one tile. Without a spec, G of the layers' preset."""
+        preset = None if kv_cache_spec is None else _spec_preset(kv_cache_spec, cls.preset)
         if preset is not None:
             return [preset.group]
-        preset = _run_preset()
+        preset = cls.preset or _run_preset()
         if preset is not None:
             return [preset.group]
         return sorted({Preset.parse(n).group for n in KVARN_CACHE_DTYPES})
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
-        preset = _run_preset()
+        preset = cls.preset or _run_preset()
         return preset.group if preset is not None else default_block_size
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
         """One state per token of tile_bytes / G bytes (exact for every preset), so a
         block of G tokens and one KV head is one tile record."""
-        preset = _spec_preset(spec)
+        preset = _spec_preset(spec, cls.preset)
         if spec.state_content_bytes is not None or preset is None:
             return spec
         if spec.head_size_v != spec.head_size:
@@ -158,10 +159,32 @@ class KVarNAttentionBackend(AttentionBackend):
         return KVarNMetadataBuilder
 
 
+class KVarNK4V2G128Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v2_g128")
+
+
+class KVarNK4V4G128Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v4_g128")
+
+
+class KVarNK4V2G64Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v2_g64")
+
+
+class KVarNK4V4G64Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v4_g64")
+
+
+PRESET_BACKENDS: dict[str, type[KVarNAttentionBackend]] = {
+    cls.preset.name: cls for cls in (KVarNK4V2G128Backend, KVarNK4V4G128Backend,
+                                     KVarNK4V2G64Backend, KVarNK4V4G64Backend)}
+
+
 def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
                          selector: AttentionSelectorConfig,
                          capability: DeviceCapability | None) -> str | None:
-    """The platform hook: a kvarn cache dtype always means the KVARN backend."""
+    """The platform hook: a kvarn cache dtype always means the KVARN backend (the
+    subclass of its preset, PRESET_BACKENDS)."""
     if not is_kvarn_dtype(selector.kv_cache_dtype):
         return None
     if selected_backend is not None and selected_backend.name != BACKEND_NAME:
@@ -178,7 +201,7 @@ def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
     # (or with VLLM_PLUGINS excluding ours) still finds KVARN in the enum.
     register()
     logger.info_once("Using KVARN attention backend for %s.", selector.kv_cache_dtype)
-    return BACKEND_PATH
+    return f"{__name__}.{PRESET_BACKENDS[selector.kv_cache_dtype].__qualname__}"
 
 
 @dataclass
@@ -431,8 +454,7 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if used:
             raise ValueError(f"KVARN backend: {', '.join(used)} not supported; KVarN "
                              "serves plain causal decoder attention")
-        global _built_preset
-        self.preset = _built_preset = Preset.parse(kv_cache_dtype)
+        self.preset = Preset.parse(kv_cache_dtype)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
