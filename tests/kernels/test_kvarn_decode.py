@@ -8,7 +8,7 @@ from kvarn import HEAD_DIMS, Preset
 from kvarn import reference as ref
 from kvarn.decode import attend, attend_rotated, launch_config
 from kvarn.dequant import dequantize_blocks
-from kvarn_cases import DEVICE, ON_GPU, capture_graph, make_state
+from kvarn_cases import DEVICE, ON_GPU, capture_graph, check_close, make_state
 
 if ON_GPU:
     PRESETS = Preset.names()
@@ -20,15 +20,6 @@ else:  # same edges around one block, scaled to G=64 for the interpreter
     D, HEADS = 64, 2
     CONTEXTS = [1, 63, 64, 65, 200]
     ALL_DIMS = (64, 128)
-
-
-def check_close(out, want):
-    out, want = out.float().cpu(), want.float().cpu()
-    assert torch.isfinite(out).all()
-    cos = torch.nn.functional.cosine_similarity(out.flatten(), want.flatten(), 0)
-    assert cos >= 0.9999, float(cos)
-    # fp16 operands in the tensor-core dots: the spec's 5e-3 bound
-    assert (out - want).abs().max() <= 5e-3, float((out - want).abs().max())
 
 
 def run_case(name, gqa, query_len, splits, seed, contexts=CONTEXTS, head_dim=D, heads=HEADS,
