@@ -1,14 +1,16 @@
 """Baseline for bench/kvarn_decode.py: a Triton fp16 paged decode attention.
 
 Same structure as the KVarN kernel (one program per request, KV head and split serving
-the whole GQA group, online softmax, log-sum-exp combine) over an fp16 cache
-[num_blocks, 2, H, G, D], so the comparison isolates the cost of the format.
+the whole GQA group, online softmax, and its log-sum-exp combine, ``kvarn.combine``) over
+an fp16 cache [num_blocks, 2, H, G, D], so the comparison isolates the cost of the format.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from kvarn.combine import combine
 
 
 @triton.jit
@@ -57,19 +59,6 @@ def _fp16_attn_kernel(q_ptr, kv_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, bt_stride,
     tl.store(lse_ptr + o_row, lse, mask=row_ok)
 
 
-@triton.jit
-def _fp16_combine_kernel(o_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    ss = tl.arange(0, BLOCK_S)
-    dd = tl.arange(0, D)
-    lse = tl.load(lse_ptr + row * SPLITS + ss, mask=ss < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    o = tl.load(o_ptr + (row * SPLITS + ss)[:, None] * D + dd[None, :],
-                mask=(ss < SPLITS)[:, None], other=0.0)
-    tl.store(out_ptr + row * D + dd, (tl.sum(o * w[:, None], 0) / tl.sum(w, 0)).to(tl.float16))
-
-
 def fp16_paged_decode(q: torch.Tensor, kv: torch.Tensor, block_table: torch.Tensor,
                       seq_lens: torch.Tensor, splits: int, num_warps: int = 4,
                       num_stages: int = 2) -> torch.Tensor:
@@ -87,6 +76,5 @@ def fp16_paged_decode(q: torch.Tensor, kv: torch.Tensor, block_table: torch.Tens
         num_warps=num_warps,
         num_stages=num_stages)
     out = torch.empty(bsz, hq, d, dtype=torch.float16, device=q.device)
-    _fp16_combine_kernel[(bsz * hq,)](o, lse, out, D=d, SPLITS=splits,
-                                      BLOCK_S=triton.next_power_of_2(splits))
+    combine(o, lse, splits, out.view(bsz * hq, d))
     return out

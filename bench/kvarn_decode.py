@@ -5,15 +5,15 @@
     python bench/kvarn_decode.py --extract-fa3 DIR   # upstream's FA3, from the pinned wheel
     TRITON_INTERPRET=1 python bench/kvarn_decode.py --smoke   # CPU: the code path, no speed
 
-1. Sweep (unless --no-tune): both decode kernels ("prefetch", the old default, and
-   "pipelined", ``kvarn.decode.VARIANTS``) over a grid of launch configurations (tile
-   tokens, warps, pipeline stages, register caps, programs per SM for the split-K grid)
-   at SWEEP_SHAPES (64 x 16K and 1 x 32K), kvarn_k4v2_g128, GQA 4, each head dim;
-   every variant's time is recorded, and the best configuration per (variant, head dim)
-   is the one with the lowest geometric mean of time / best time over the sweep shapes.
+1. Sweep (unless --no-tune): the Triton decode kernel ("prefetch",
+   ``kvarn.decode.VARIANTS``) over a grid of launch configurations (tile tokens, warps,
+   pipeline stages, L2 prefetch, programs per SM for the split-K grid) at SWEEP_SHAPES
+   (64 x 16K and 1 x 32K), kvarn_k4v2_g128, GQA 4, each head dim; every time is
+   recorded, and the best configuration per (variant, head dim) is the one with the
+   lowest geometric mean of time / best time over the sweep shapes.
 2. Table: batch x context in {1x4K, 1x32K, 8x32K, 64x16K, 256x8K}, 8 KV heads, GQA 4
    (and 8 for the default preset), every preset, head_dim 128 and 256 (512 on request):
-   each variant's time with its best (or default) configuration, the CUDA C++ kernel
+   the Triton kernel's time with its best (or default) configuration, the CUDA C++ kernel
    (``kvarn.decode_cuda``, "cuda": the library from $KVARN_CUDA_LIB or next to the
    package; its rows say why when it cannot run, e.g. on a CPU), side by side with a
    Triton fp16 paged decode (bench/_fp16_paged_decode.py), torch SDPA (enable_gqa) over
@@ -30,9 +30,9 @@ default beside the best; --no-table stops after the sweeps.
 Targets are reported, not asserted: >= 60% of 4.8 TB/s at batch x context >= 1M tokens,
 <= 0.45x the fp16 kernel's time at 64x16K and <= 0.6x at 1x32K. The JSON is rewritten
 after every row, so a run stopped by --budget-s (or killed) keeps what it measured.
---prewarm-only compiles both kernels' sweep grids for the planned presets, GQA ratios and
-head dims in --workers processes (their binaries do not depend on shapes), so a test run
-can overlap the compiles.
+--prewarm-only compiles the Triton kernel's sweep grid for the planned presets, GQA ratios
+and head dims in --workers processes (its binaries do not depend on shapes), so a test
+run can overlap the compiles.
 """
 from __future__ import annotations
 
@@ -75,25 +75,13 @@ HEADS = 8
 SWEEP_GQA = 4
 TUNE_FP16 = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
 # Launch grids (compiled configurations; each is timed at every programs_per_sm below).
-# On sm_90, from ptxas (registers/thread at D=128, k4v2_g128): prefetch 234 (2 CTAs of 4
-# warps per SM); pipelined flat t64 168 (3 CTAs), t128 228, t32 188, t64 capped at 144
-# spills 24 B and at 128 spills 108 B (4 CTAs); D=256 t64 takes 255.
+# On sm_90, from ptxas (registers/thread at D=128, k4v2_g128): 234 (2 CTAs of 4 warps
+# per SM).
 SWEEP_GRID = {
     "prefetch": [
         {"num_warps": 4, "num_stages": 1, "tile_tokens": 128, "prefetch": 2},
         {"num_warps": 4, "num_stages": 3, "tile_tokens": 128, "prefetch": 2},
         {"num_warps": 4, "num_stages": 3, "tile_tokens": 64, "prefetch": 0},
-    ],
-    "pipelined": [
-        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3},
-        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 2},
-        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 4},
-        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 144},
-        {"flat": True, "tile_tokens": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 128},
-        {"flat": True, "tile_tokens": 32, "num_warps": 4, "num_stages": 4},
-        {"flat": False, "tile_tokens": 128, "num_warps": 4, "num_stages": 2},
-        {"flat": False, "tile_tokens": 128, "num_warps": 4, "num_stages": 3},
-        {"flat": True, "tile_tokens": 64, "num_warps": 8, "num_stages": 3},
     ],
 }
 SWEEP_PROGRAMS_PER_SM = [2, 4]
@@ -186,7 +174,7 @@ def kvarn_ms(variant: str, cfg: dict, state, q, reps: int) -> tuple[float, int]:
 
 
 def cuda_ms(state, q, reps: int, triton_out) -> dict:
-    """The CUDA kernel at its default split count, timed like the Triton variants, and
+    """The CUDA kernel at its default split count, timed like the Triton kernel, and
     its largest difference from the Triton output on the same cache (a sanity check)."""
     kv, bt, st, seq, nf, _ = state
     why = decode_cuda.unavailable_reason()
@@ -247,7 +235,7 @@ def cuda_sweep(run: Run, D: int, shapes, preset: str) -> None:
 
 def sweep(run: Run, D: int, shapes=SWEEP_SHAPES, grid=SWEEP_GRID,
           programs_per_sm=SWEEP_PROGRAMS_PER_SM, preset: str = PRESETS[0]) -> None:
-    """Phase 1 at shapes: every configuration of both variants; picks the best."""
+    """Phase 1 at shapes: every configuration of every variant; picks the best."""
     p = Preset.parse(preset)
     times: dict[tuple[str, str], dict] = {}
     for bsz, ctx in shapes:
@@ -428,13 +416,13 @@ def run_flush(p: Preset, D: int, dev: str, decode_ms: float, bsz: int, n_blocks:
 def _prewarm_one(task) -> str:
     """Compile one configuration by running it on a tiny state (the binary does not
     depend on shapes: the kernels' runtime ints are not value-specialized)."""
-    variant, name, D, gqa, cfg, splits = task
+    variant, name, D, gqa, cfg = task
     p = Preset.parse(name)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     kv, bt, st, seq, nf, _ = kvarn_state(p, 1, 4 * p.group + 3, D, dev)
     q = torch.randn(1, 1, HEADS * gqa, D, device=dev, dtype=torch.float16)
     try:
-        attend_rotated(q, kv, bt, st, seq, nf, num_splits=splits, variant=variant, **cfg)
+        attend_rotated(q, kv, bt, st, seq, nf, num_splits=1, variant=variant, **cfg)
         if dev == "cuda":
             torch.cuda.synchronize()
         return "ok"
@@ -444,12 +432,11 @@ def _prewarm_one(task) -> str:
 
 def prewarm(args) -> None:
     import multiprocessing as mp
-    tasks = [(variant, name, D, gqa, cfg, splits)
+    tasks = [(variant, name, D, gqa, cfg)
              for D in args.head_dims
              for name, gqa in plan_combos(args)
              for variant in VARIANTS
-             for cfg in SWEEP_GRID[variant]
-             for splits in ((1, 2) if variant == "pipelined" else (1,))]
+             for cfg in SWEEP_GRID[variant]]
     started = time.monotonic()
     with mp.get_context("spawn").Pool(args.workers) as pool:
         done = pool.map(_prewarm_one, tasks, chunksize=1)
@@ -486,7 +473,7 @@ def print_table(results: dict) -> None:
               f"LAUNCH_DEFAULTS_BY_HEAD_DIM[({sug['variant']!r}, {D})] = {sug['launch']}")
     if results["decode"]:
         print(f"{'preset':16} {'D':>3} {'BxL':>9} {'gqa':>3} {'kvarn ms':>9} {'TB/s':>5} "
-              f"{'%roof':>5} {'prefetch':>9} {'pipelined':>9} {'cuda':>9} {'%roof':>5} "
+              f"{'%roof':>5} {'prefetch':>9} {'cuda':>9} {'%roof':>5} "
               f"{'cu/fp16':>7} {'cu/fa3':>6} {'old dflt':>9} {'+rot ms':>8} "
               f"{'fp16trt':>8} {'sdpa':>7} {'fa3':>7} {'torch':>7} {'roof ms':>7} "
               f"{'kv/fp16':>7} best")
@@ -502,7 +489,7 @@ def print_table(results: dict) -> None:
         print(f"{r['preset']:16} {r['head_dim']:>3} {r['batch']:>3}x{r['context'] / 1024:>4.1f}K "
               f"{r['gqa']:>3} {r['kvarn_ms']:9.4f} {r['kvarn_TBps']:5.2f} "
               f"{r['kvarn_pct_roofline']:5.1f} {var['prefetch']['ms']:9.4f} "
-              f"{var['pipelined']['ms']:9.4f} {cu_cols} {cu_fa3} "
+              f"{cu_cols} {cu_fa3} "
               f"{old if old is None else round(old, 4)!s:>9} "
               f"{r['kvarn_with_rotations_ms']:8.4f} {r['fp16_triton_ms']:8.4f} "
               f"{r['sdpa_ms']:7.4f} {fa3} {plain:>7} {r['roofline_kvarn_ms']:7.4f} "

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One GPU run for the KVarN decode kernels (issue 12), under 7 minutes on one H200:
-# the kernel tests at full shapes in six parallel shards (JIT compiles dominate) while
-# both decode kernels'
-# sweep grids compile in the background (their binaries do not depend on shapes), then
-# bench/kvarn_decode.py alone on the GPU (sweep at 64x16K and 1x32K, then the table with
-# the best configurations, cut at --budget-s).
+# One GPU run for the KVarN Triton decode kernel (issue 12), under 7 minutes on one H200:
+# the kernel tests at full shapes in four parallel shards (JIT compiles dominate) while
+# the kernel's sweep grid compiles in the background (its binaries do not depend on
+# shapes), then bench/kvarn_decode.py alone on the GPU (sweep at 64x16K and 1x32K, then
+# the table with the best configurations, cut at --budget-s).
 #   bash bench/kvarn_decode_gpu_run.sh OUT_DIR
 # Writes OUT_DIR/summary.json, tests.log, prewarm.log, kvarn_decode.json, kvarn_decode.txt.
 set -u
@@ -21,14 +20,12 @@ shard() {  # name, pytest arguments...
   echo $? > "$OUT/tests.$name.rc"
 }
 DECODE=tests/kernels/test_kvarn_decode.py
-SHARDS=(every_dim sweep_pipelined sweep_prefetch rest_pipelined rest_prefetch other_kernels)
+SHARDS=(every_dim sweep rest other_kernels)
 timeout 170 "$PY" bench/kvarn_decode.py --prewarm-only --workers 8 > "$OUT/prewarm.log" 2>&1 &
 PREWARM=$!
 shard every_dim "$DECODE" -k "every_preset" &
-shard sweep_pipelined "$DECODE" -k "test_decode_sweep and pipelined" &
-shard sweep_prefetch "$DECODE" -k "test_decode_sweep and not pipelined" &
-shard rest_pipelined "$DECODE" -k "pipelined and not test_decode_sweep and not every_preset" &
-shard rest_prefetch "$DECODE" -k "not pipelined and not test_decode_sweep and not every_preset" &
+shard sweep "$DECODE" -k "test_decode_sweep" &
+shard rest "$DECODE" -k "not test_decode_sweep and not every_preset" &
 shard other_kernels tests/kernels --ignore="$DECODE" \
   --ignore=tests/kernels/test_bench_kvarn_decode.py &
 wait "$PREWARM"

@@ -22,6 +22,8 @@ import triton.language as tl
 
 from . import decode_select
 from ._triton_common import checked
+from .combine import combine
+from .decode_side import side_pool_blocks
 from .decode_unpack import crumbs, nibbles
 from .layout import PagedKV
 from .rotate import rotate
@@ -54,15 +56,9 @@ def _v_acc(acc, alpha, pa_e, pa_o, c_e, c_o, pbias, vcol_ptr, U: tl.constexpr,
     return acc * alpha[:, None] + (pv + (pbias * f)[:, None]) * vc[None, :]
 
 
-@triton.jit
-def _fp16_v_part(acc, alpha, p16, vbase, tt, U: tl.constexpr, VPER: tl.constexpr,
-                 D: tl.constexpr):
-    v = tl.load(vbase + tt[:, None] * D + VPER * tl.arange(0, D // VPER)[None, :] + U)
-    return acc * alpha[:, None] + tl.dot(p16, v)
-
-
-# No value specialization of the runtime ints (see decode_pipelined): one binary per
-# launch configuration, whatever the batch, pool sizes and split count.
+# No value specialization of the runtime ints: one binary per launch configuration,
+# whatever the batch, pool sizes and split count (fewer JIT compiles while serving, and
+# a small-shape warm-up compiles exactly what a large one runs).
 @triton.jit(do_not_specialize=["bt_stride", "st_stride", "st_width", "n_cache", "n_side",
                                "SPLITS"])
 def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, nf_ptr,
@@ -173,34 +169,10 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
 
     # fp16 rows from the side pool: sink (logical block 0) then the tail (F+1, ...).
     if s == 0:
-        q = qf.to(tl.float16)
-        # Bounded by the table, so a dummy run's arbitrary lengths read only its zeros.
-        n_fp = tl.minimum(tl.cdiv(L, G) - F, st_width)
-        for j in range(0, n_fp):
-            logical = tl.where(j == 0, 0, F + j)
-            sid = tl.load(st_ptr + b * st_stride + j)
-            sid = checked(sid, n_side, err_ptr, DEBUG)
-            base = side_ptr + sid.to(tl.int64) * (2 * H * G * D) + h * (G * D)
-            vbase = base + H * G * D
-            for c in tl.static_range(NSUB):
-                tt = c * TS + tl.arange(0, TS)
-                k = tl.load(base + tt[None, :] * D + dd[:, None])  # [D, TS]
-                sc = tl.dot(q, k) * qk_scale
-                pos = logical * G + tt
-                sc = tl.where(pos[None, :] < limit[:, None], sc, float("-inf"))
-                # the sink's first sub-tile always holds a visible token, so m_new is
-                # finite from the first step on
-                m_new = tl.maximum(m_i, tl.max(sc, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(sc - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                p16 = p.to(tl.float16)
-                acc0 = _fp16_v_part(acc0, alpha, p16, vbase, tt, 0, VPER, D)
-                acc1 = _fp16_v_part(acc1, alpha, p16, vbase, tt, 1, VPER, D)
-                if VPER == 4:
-                    acc2 = _fp16_v_part(acc2, alpha, p16, vbase, tt, 2, VPER, D)
-                    acc3 = _fp16_v_part(acc3, alpha, p16, vbase, tt, 3, VPER, D)
-                m_i = m_new
+        acc0, acc1, acc2, acc3, m_i, l_i = side_pool_blocks(
+            acc0, acc1, acc2, acc3, m_i, l_i, qf.to(tl.float16), side_ptr,
+            st_ptr + b.to(tl.int64) * st_stride, L, F, st_width, limit, h, n_side, err_ptr,
+            qk_scale, H, G, D, TS, VPER, DEBUG)
 
     empty = l_i == 0.0  # a split with no blocks
     inv = 1.0 / tl.where(empty, 1.0, l_i)
@@ -215,19 +187,7 @@ def _attn_kernel(q_ptr, cache_u8, cache_f16, side_ptr, bt_ptr, st_ptr, seq_ptr, 
     tl.store(lse_ptr + o_row, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
-def _combine_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    ss = tl.arange(0, BLOCK_S)
-    dd = tl.arange(0, D)
-    lse = tl.load(lse_ptr + row * SPLITS + ss, mask=ss < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    o = tl.load(o_ptr + (row * SPLITS + ss)[:, None] * D + dd[None, :],
-                mask=(ss < SPLITS)[:, None], other=0.0)
-    tl.store(out_ptr + row * D + dd, tl.sum(o * w[:, None], 0) / tl.sum(w, 0))
-
-
-VARIANTS = ("prefetch", "pipelined")  # the Triton kernels, tuned by launch parameters
+VARIANTS = ("prefetch",)  # the Triton kernel, tuned by launch parameters
 # What variant= and KVARN_DECODE_VARIANT accept: "cuda" is the CUDA C++ kernel
 # (decode_cuda) where it is available and has the shape, else "prefetch"; "auto" is the
 # same choice, with its fallbacks logged as info rather than warnings (decode_select).
@@ -241,14 +201,10 @@ DEFAULT_VARIANT = "auto"
 LAUNCH_DEFAULTS: dict[str, dict] = {
     "prefetch": {"num_warps": 4, "num_stages": 1, "maxnreg": None, "tile_tokens": 128,
                  "prefetch": 2, "programs_per_sm": 2},
-    "pipelined": {"num_warps": 4, "num_stages": 3, "maxnreg": None, "tile_tokens": 64,
-                  "programs_per_sm": 4, "fp_split": True, "flat": True},
 }
 LAUNCH_DEFAULTS_BY_HEAD_DIM: dict[tuple[str, int], dict] = {}
 _PARAMS = {"prefetch": {"num_warps", "num_stages", "maxnreg", "tile_tokens", "prefetch",
-                        "programs_per_sm", "unpack_asm"},
-           "pipelined": {"num_warps", "num_stages", "maxnreg", "tile_tokens",
-                         "programs_per_sm", "fp_split", "flat", "unpack_asm"}}
+                        "programs_per_sm", "unpack_asm"}}
 
 
 def default_variant() -> str:
@@ -291,24 +247,26 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                    side_table: torch.Tensor, seq_lens: torch.Tensor,
                    num_flushed: torch.Tensor, sm_scale: float | None = None,
                    num_splits: int | None = None, debug: bool = False,
-                   variant: str | None = None, **launch) -> torch.Tensor:
+                   variant: str | None = None,
+                   selector: decode_select.DecodeSelector | None = None,
+                   **launch) -> torch.Tensor:
     """Attention in the rotated frame. q_rot [B, Q, Hq, D] -> fp32 [B, Q, Hq, D].
 
     Q = 1 is decode; Q = k + 1 is speculative verify (row i sees seq_len - Q + i + 1
     positions). variant: "cuda" (the CUDA C++ kernel, ``decode_cuda``, where its library
     is available and has the shape, else "prefetch"), "auto" (the same choice; a
-    fallback is logged as info, not as a warning), "prefetch" (L2 prefetch of the next
-    records) or "pipelined" (cp.async multi-buffered record stream,
-    ``decode_pipelined``); default ``default_variant()``.
-    Launch parameters tune the Triton variants only (None or absent = ``launch_config``):
+    fallback is logged as info, not as a warning) or "prefetch" (the Triton kernel, with
+    an L2 prefetch of the next records); default ``default_variant()``. selector: the
+    ``decode_select.DecodeSelector`` that remembers, across calls, whether the CUDA kernel
+    serves this process and which fallbacks were logged (None: a fresh one, for this call).
+    Launch parameters tune the Triton kernel only (None or absent = ``launch_config``):
     num_warps, num_stages, maxnreg (caps registers per thread; the prefetch kernel takes
     ~240 otherwise, 2 programs of 4 warps per H200 SM), tile_tokens (tokens per
     online-softmax step, a power of two >= 32, capped at the group), programs_per_sm
     (split-K grid size when num_splits is None), unpack_asm (inline-PTX unpacking;
     default on CUDA outside the interpreter, the portable path computes the same fp16
-    values); "prefetch" only: prefetch (records run ahead into L2, PTX path only, 0 = off);
-    "pipelined" only: fp_split (a split request's fp16 blocks get a program of their
-    own). debug=True validates the tables on the host and flags, inside the kernel, any
+    values), prefetch (records run ahead into L2, PTX path only, 0 = off).
+    debug=True validates the tables on the host and flags, inside the kernel, any
     block id outside its pool (raising IndexError).
     """
     bsz, nq, hq, d = q_rot.shape
@@ -324,11 +282,12 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         given = sorted(k for k, v in launch.items() if v is not None)
         if given:
             raise TypeError(f"decode variant {variant!r} takes no {', '.join(given)}: launch "
-                            f"parameters tune the Triton variants ({', '.join(VARIANTS)})")
-        if decode_select.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
-                                debug) == "cuda":
-            out = decode_select.attend(q_rot, kv, block_table, side_table, seq_lens,
-                                       num_flushed, sm_scale, num_splits or None)
+                            f"parameters tune the Triton kernel ({', '.join(VARIANTS)})")
+        selector = selector or decode_select.DecodeSelector()
+        if selector.choose(variant, kv.preset, d, nq * (hq // h), q_rot.device,
+                           debug) == "cuda":
+            out = selector.attend(q_rot, kv, block_table, side_table, seq_lens,
+                                  num_flushed, sm_scale, num_splits or None)
             if out is not None:
                 return out
         variant = decode_select.FALLBACK
@@ -344,13 +303,11 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
         unpack_asm = q_rot.is_cuda and torch.version.hip is None
     if _interpreting():
         unpack_asm = False  # inline PTX does not run in the interpreter
-    fp_split = variant == "pipelined" and splits > 1 and bool(cfg["fp_split"])
-    parts = splits + fp_split
     hpg = hq // h
     lay = kv.preset.layout(d)
     dev = q_rot.device
-    o = torch.empty(bsz * nq * hq * parts, d, dtype=torch.float32, device=dev)
-    lse = torch.empty(bsz * nq * hq * parts, dtype=torch.float32, device=dev)
+    o = torch.empty(bsz * nq * hq * splits, d, dtype=torch.float32, device=dev)
+    lse = torch.empty(bsz * nq * hq * splits, dtype=torch.float32, device=dev)
     # The error flag is written only in debug mode; otherwise any int32 buffer will do
     # (no memset launch on the decode path).
     err = torch.zeros(1, dtype=torch.int32, device=dev) if debug else seq_lens
@@ -367,22 +324,14 @@ def attend_rotated(q_rot: torch.Tensor, kv: PagedKV, block_table: torch.Tensor,
                   USE_ASM=bool(unpack_asm), DEBUG=debug, num_warps=cfg["num_warps"])
     if cfg["maxnreg"]:
         fields["maxnreg"] = cfg["maxnreg"]
-    if variant == "prefetch":
-        _attn_kernel[(bsz, h, splits)](*args, **fields, num_stages=cfg["num_stages"],
-                                       PF=cfg["prefetch"] if unpack_asm else 0)
-    else:
-        from .decode_pipelined import attn_pipelined_kernel
-        attn_pipelined_kernel[(bsz, h, parts)](*args, **fields, STAGES=cfg["num_stages"],
-                                               num_stages=cfg["num_stages"],
-                                               FLAT=bool(cfg["flat"]), FP_SPLIT=fp_split)
+    _attn_kernel[(bsz, h, splits)](*args, **fields, num_stages=cfg["num_stages"],
+                                   PF=cfg["prefetch"] if unpack_asm else 0)
     if debug and int(err.item()):
         raise IndexError("a block table or side table entry points outside its pool")
-    if parts == 1:
+    if splits == 1:
         return o.view(bsz, nq, hq, d)
     out = torch.empty(bsz * nq * hq, d, dtype=torch.float32, device=dev)
-    _combine_kernel[(bsz * nq * hq,)](o, lse, out, parts, D=d,
-                                      BLOCK_S=triton.next_power_of_2(parts))
-    return out.view(bsz, nq, hq, d)
+    return combine(o, lse, splits, out).view(bsz, nq, hq, d)
 
 
 def attend(q: torch.Tensor, kv: PagedKV, block_table: torch.Tensor, side_table: torch.Tensor,

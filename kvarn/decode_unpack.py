@@ -1,4 +1,4 @@
-"""Code unpackers shared by the decode kernels: uint8 -> exact fp16 codes.
+"""Code unpackers of the Triton decode kernel: uint8 -> exact fp16 codes.
 
 On CUDA, inline PTX turns two codes into an fp16x2 word with one LOP3 and one HSUB2;
 the portable path (the interpreter, other GPUs) computes the same fp16 values.
@@ -35,40 +35,18 @@ def unpack_constraints(masks: tuple[int, ...]) -> str:
     return "=r," * (2 * len(masks)) + "r"
 
 
-def unpack_prmt_ptx(masks: tuple[int, ...]) -> str:
-    """Like unpack_ptx, with the exponent of 1024 put in by the prmt itself (it takes
-    the high byte of each fp16 from a register holding 0x64), so each mask is one AND
-    with a single immediate (ptxas splits the AND + OR of two immediates into two
-    LOP3s) and one exact HSUB2."""
-    src = f"${2 * len(masks)}"
-    lines = [".reg .b32 a, b, t, m, e;", "mov.b32 m, 0x64006400;", "mov.b32 e, 0x64646464;",
-             f"prmt.b32 a, {src}, e, 0x4140;", f"prmt.b32 b, {src}, e, 0x4342;"]
-    for i, mask in enumerate(masks):
-        for j, word in enumerate("ab"):
-            lines += [f"and.b32 t, {word}, 0x{0xFF00 | mask:04X}{0xFF00 | mask:04X};",
-                      f"sub.rn.f16x2 ${2 * i + j}, t, m;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
 NIBBLE_MASKS = (0x0F, 0xF0)
 CRUMB_MASKS = (0x03, 0x0C, 0x30, 0xC0)
 _NIBBLES_PTX = tl.constexpr(unpack_ptx(NIBBLE_MASKS))
 _NIBBLES_CONSTRAINTS = tl.constexpr(unpack_constraints(NIBBLE_MASKS))
 _CRUMBS_PTX = tl.constexpr(unpack_ptx(CRUMB_MASKS))
 _CRUMBS_CONSTRAINTS = tl.constexpr(unpack_constraints(CRUMB_MASKS))
-_NIBBLES_PRMT_PTX = tl.constexpr(unpack_prmt_ptx(NIBBLE_MASKS))
-_CRUMBS_PRMT_PTX = tl.constexpr(unpack_prmt_ptx(CRUMB_MASKS))
 
 
 @triton.jit
-def nibbles(x, USE_ASM: tl.constexpr, PRMT_EXP: tl.constexpr = False):
-    """uint8 -> (low nibble, 16 * high nibble) as exact fp16 (see unpack_ptx;
-    PRMT_EXP: unpack_prmt_ptx, the same values)."""
-    if USE_ASM and PRMT_EXP:
-        lo, hi = tl.inline_asm_elementwise(
-            asm=_NIBBLES_PRMT_PTX, constraints=_NIBBLES_CONSTRAINTS, args=[x],
-            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-    elif USE_ASM:
+def nibbles(x, USE_ASM: tl.constexpr):
+    """uint8 -> (low nibble, 16 * high nibble) as exact fp16 (see unpack_ptx)."""
+    if USE_ASM:
         lo, hi = tl.inline_asm_elementwise(
             asm=_NIBBLES_PTX, constraints=_NIBBLES_CONSTRAINTS, args=[x],
             dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
@@ -79,14 +57,9 @@ def nibbles(x, USE_ASM: tl.constexpr, PRMT_EXP: tl.constexpr = False):
 
 
 @triton.jit
-def crumbs(x, USE_ASM: tl.constexpr, PRMT_EXP: tl.constexpr = False):
-    """uint8 -> 4**u * (2-bit code u), u = 0..3, as exact fp16 (see unpack_ptx;
-    PRMT_EXP: unpack_prmt_ptx, the same values)."""
-    if USE_ASM and PRMT_EXP:
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            asm=_CRUMBS_PRMT_PTX, constraints=_CRUMBS_CONSTRAINTS, args=[x],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=4)
-    elif USE_ASM:
+def crumbs(x, USE_ASM: tl.constexpr):
+    """uint8 -> 4**u * (2-bit code u), u = 0..3, as exact fp16 (see unpack_ptx)."""
+    if USE_ASM:
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
             asm=_CRUMBS_PTX, constraints=_CRUMBS_CONSTRAINTS, args=[x],
             dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=4)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .hadamard import sylvester
 from .layout import PagedKV
 from .preset import Preset
 
@@ -31,12 +32,8 @@ TIE_RTOL = 1e-5
 
 def hadamard(head_dim: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
     """Orthonormal Sylvester Hadamard matrix H/sqrt(D): symmetric and self-inverse."""
-    if head_dim < 1 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < head_dim:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(head_dim)).to(dtype=dtype, device=device)
+    h = sylvester(head_dim).double() / math.sqrt(head_dim)
+    return h.to(dtype=dtype, device=device)
 
 
 def sanitize(x: torch.Tensor) -> tuple[torch.Tensor, int]:

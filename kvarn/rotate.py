@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .hadamard import sylvester
 from .layout import PagedKV
 
 FP16_MAX = tl.constexpr(65504.0)  # Triton kernels may only read constexpr globals
@@ -21,10 +22,7 @@ FP16_MAX = tl.constexpr(65504.0)  # Triton kernels may only read constexpr globa
 @functools.lru_cache(maxsize=None)
 def hadamard_pm1(head_dim: int, device: torch.device) -> torch.Tensor:
     """Sylvester Hadamard matrix with +-1 entries, fp16 (exact)."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < head_dim:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h.to(device=device, dtype=torch.float16).contiguous()
+    return sylvester(head_dim).to(device=device, dtype=torch.float16).contiguous()
 
 
 @triton.jit

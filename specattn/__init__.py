@@ -3,7 +3,8 @@ paged KV caches of upstream's TRITON_ATTN backend: bf16/fp16, fp8, and the int8,
 and int4 per-token-head dtypes.
 
 Imports torch and triton only, so it runs and is tested without vLLM. Inside the fork
-wheel it lives at ``vllm/specattn``; all imports in it are relative.
+wheel it lives at ``vllm/specattn``; all imports in it are relative, but for the Hadamard
+builder of its sibling package kvarn (``rotation``).
 """
 from . import reference
 from .cache import CACHE_DTYPES, Mode, PagedCache

@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import torch
 
+# kvarn is this package's sibling: both are top-level packages in the repository (where
+# the tests import them) and vllm.kvarn, vllm.specattn in the wheel (kiln/wheel.py).
+if __name__.startswith("vllm."):
+    from ..kvarn.hadamard import sylvester
+else:
+    from kvarn.hadamard import sylvester
+
 SIGN_SEED = 0x9E3779B9
 
 _MATRICES: dict[tuple[int, str], torch.Tensor] = {}
@@ -31,16 +38,6 @@ def signs(order: int) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(SIGN_SEED)
     draws = torch.bernoulli(torch.full((order,), 0.5), generator=gen)
     return draws * 2.0 - 1.0
-
-
-def sylvester(order: int) -> torch.Tensor:
-    """Unnormalized Sylvester Hadamard matrix (float32, CPU); order a power of two."""
-    if order < 1 or order & (order - 1):
-        raise ValueError(f"a Sylvester Hadamard matrix needs a power-of-two order, got {order}")
-    h = torch.ones(1, 1)
-    while h.shape[0] < order:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
 
 
 def rotation_matrix(head_size: int) -> torch.Tensor:

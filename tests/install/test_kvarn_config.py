@@ -21,7 +21,7 @@ import torch
 import vllm.config.cache
 from vllm.config.cache import CacheDType
 from vllm.engine.arg_utils import EngineArgs
-from vllm.fork.kvarn_backend import _spec_preset
+from vllm.fork.kvarn_backend import PRESET_BACKENDS, _spec_preset
 from vllm.kvarn import Preset
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.plugins import load_general_plugins
@@ -161,11 +161,35 @@ def test_engine_config_block_size_page_size_and_quant_mode(model, name):
                           prefix=f"model.layers.0.self_attn.{name}")
         backend = layer.get_attn_backend()
         spec = customize_attention_spec(backend, layer.get_kv_cache_spec(config))
-    assert backend.get_name() == "KVARN"
-    assert spec.kv_quant_mode == get_kv_quant_mode(name) and _spec_preset(spec) == preset
+    assert backend.get_name() == "KVARN" and backend.preset == preset
+    assert spec.kv_quant_mode == get_kv_quant_mode(name)
+    assert _spec_preset(spec, backend.preset) == preset
     assert spec.dtype == torch.uint8 and spec.block_size == preset.group
     assert spec.page_size_bytes == NUM_KV_HEADS * preset.tile_bytes(128)
     assert backend.get_supported_kernel_block_sizes(spec) == [preset.group]
+
+
+def test_each_layers_backend_answers_for_its_own_preset_outside_any_config(model):
+    # Model Runner V2 customizes a layer's spec outside any current config, after every
+    # layer exists; a process-wide "preset of the last layer built" gave each layer the
+    # last one's page.
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    built = {}
+    for name in ("kvarn_k4v2_g128", "kvarn_k4v4_g64"):
+        config = _engine_config(model, name)
+        with _model_init(config):
+            layer = Attention(4, 128, 128**-0.5, NUM_KV_HEADS, cache_config=config.cache_config,
+                              prefix=f"model.layers.0.self_attn.own_{name}")
+        built[name] = layer.get_attn_backend(), layer.get_kv_cache_spec(config)
+    assert {name: cls.preset.name for name, cls in PRESET_BACKENDS.items()} == {
+        name: name for name in PRESETS}
+    for name, (backend, raw) in built.items():
+        preset = Preset.parse(name)
+        assert backend is PRESET_BACKENDS[name]
+        spec = customize_attention_spec(backend, raw)
+        assert spec.page_size_bytes == NUM_KV_HEADS * preset.tile_bytes(128), name
+        assert backend.get_supported_kernel_block_sizes(spec) == [preset.group], name
 
 
 def test_sliding_window_layers_stay_in_model_dtype(model):

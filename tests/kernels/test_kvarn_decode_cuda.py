@@ -12,7 +12,7 @@ import torch
 from kvarn import Preset
 from kvarn import decode_cuda
 from kvarn import reference as ref
-from kvarn_cases import capture_graph, make_state
+from kvarn_cases import capture_graph, check_close, make_state
 
 NVCC = shutil.which("nvcc")
 ON_CUDA = (torch.cuda.is_available() and torch.version.hip is None
@@ -34,14 +34,6 @@ def cuda_lib(tmp_path_factory):
                                         archs=(f"{major}{minor}",))
         return decode_cuda.load_library(out)
     return decode_cuda.load_library()
-
-
-def check_close(out, want):
-    out, want = out.float().cpu(), want.float().cpu()
-    assert torch.isfinite(out).all()
-    cos = torch.nn.functional.cosine_similarity(out.flatten(), want.flatten(), 0)
-    assert cos >= 0.9999, float(cos)
-    assert (out - want).abs().max() <= 5e-3, float((out - want).abs().max())
 
 
 def case(name, head_dim, gqa, query_len, contexts, seed, heads=HEADS, hold_back=True):

@@ -1,8 +1,9 @@
 """Which kernel kvarn.decode.attend_rotated runs: "auto" (the default) and "cuda" take the
 CUDA C++ kernel where its library is available and has the shape, else the Triton
-"prefetch" kernel, saying why once (kvarn.decode_select). On a machine without CUDA the
-fallback itself is checked against the reference; the GPU half (the CUDA kernel chosen,
-a library that cannot launch here falling back) is skipped without CUDA or a library."""
+"prefetch" kernel, saying why once per selector (kvarn.decode_select). On a machine
+without CUDA the fallback itself is checked against the reference; the GPU half (the
+CUDA kernel chosen, a library that cannot launch here falling back) is skipped without
+CUDA or a library."""
 import logging
 import os
 import shutil
@@ -21,11 +22,9 @@ LOGGER = "kvarn.decode_select"
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """decode_select's once-per-process state, empty for this test and restored after it."""
-    for name, value in (("_state", {}), ("_logged", set()), ("_launched", False)):
-        monkeypatch.setattr(decode_select, name, value)
-    return decode_select
+def fresh():
+    """A selector that has learnt nothing yet, as a new server's builder holds."""
+    return decode_select.DecodeSelector()
 
 
 def case(name="kvarn_k4v2_g64", head_dim=64, heads=2, gqa=2, query_len=1,
@@ -44,14 +43,17 @@ def test_the_default_is_auto_and_a_bad_variant_lists_the_allowed_ones(monkeypatc
     monkeypatch.setenv("KVARN_DECODE_VARIANT", "cuda")
     assert default_variant() == "cuda"
     monkeypatch.setenv("KVARN_DECODE_VARIANT", "triton")
-    with pytest.raises(ValueError, match="'triton': allowed: auto, cuda, prefetch, pipelined"):
+    with pytest.raises(ValueError, match="'triton': allowed: auto, cuda, prefetch$"):
         default_variant()
-    assert CHOICES == ("auto", "cuda", "prefetch", "pipelined")
+    monkeypatch.setenv("KVARN_DECODE_VARIANT", "pipelined")  # retired: auto never chose it
+    with pytest.raises(ValueError, match="'pipelined': allowed: auto, cuda, prefetch$"):
+        default_variant()
+    assert CHOICES == ("auto", "cuda", "prefetch")
 
 
 def test_an_unknown_variant_argument_lists_the_allowed_ones():
     q, args = case()
-    with pytest.raises(ValueError, match="'fast'; allowed: auto, cuda, prefetch, pipelined"):
+    with pytest.raises(ValueError, match="'fast'; allowed: auto, cuda, prefetch$"):
         attend_rotated(q, *args, variant="fast")
 
 
@@ -59,19 +61,58 @@ def test_an_unknown_variant_argument_lists_the_allowed_ones():
 def test_triton_launch_parameters_are_refused_naming_them(variant):
     q, args = case()
     with pytest.raises(TypeError, match=rf"'{variant}' takes no num_warps, tile_tokens: launch "
-                                        r"parameters tune the Triton variants \(prefetch"):
+                                        r"parameters tune the Triton kernel \(prefetch\)"):
         attend_rotated(q, *args, variant=variant, num_warps=4, tile_tokens=64)
-    # None means "the default", as for the Triton variants
+    # None means "the default", as for the Triton kernel
     attend_rotated(q, *args, variant=variant, num_warps=None)
 
 
 def test_shapes_without_a_cuda_instance_say_which_and_what_there_is():
     p = Preset.parse("kvarn_k4v2_g128")
-    assert "head_dim 512" in decode_select.fallback_reason(p, 512, 4)
-    reason = decode_select.fallback_reason(p, 128, 17)
+    selector = decode_select.DecodeSelector()
+    assert "head_dim 512" in selector.fallback_reason(p, 512, 4)
+    reason = selector.fallback_reason(p, 128, 17)
     assert "17 query rows per KV head" in reason and "1..16 rows" in reason
-    assert "on cpu" in decode_select.fallback_reason(p, 128, 4, torch.device("cpu"))
-    assert "debug=True" in decode_select.fallback_reason(p, 128, 4, debug=True)
+    assert "on cpu" in selector.fallback_reason(p, 128, 4, torch.device("cpu"))
+    assert "debug=True" in selector.fallback_reason(p, 128, 4, debug=True)
+
+
+def missing_library_reason(tmp_path, monkeypatch) -> str:
+    """What decode_cuda says where the wheel was built without nvcc (no library in it)."""
+    for name in ("_lib", "_lib_error"):  # a library this process loaded stays loaded
+        monkeypatch.setattr(decode_cuda, name, getattr(decode_cuda, name))
+    with pytest.raises(RuntimeError) as missing:
+        decode_cuda.load_library(tmp_path / "libkvarn_decode.so")
+    return str(missing.value)
+
+
+def test_auto_serves_with_the_prefetch_kernel_where_the_cuda_kernel_cannot(tmp_path,
+                                                                           monkeypatch):
+    # What each supported GPU's server learns about the CUDA kernel, and the kernel "auto"
+    # then gives a call: wherever the CUDA kernel cannot serve, the Triton "prefetch" does.
+    machines = {
+        "sm_80/86/89/90, wheel built with nvcc": None,
+        # the library has sm_80-90 code only, so its first launch fails (the GPU test
+        # below runs that launch with a library of another major arch)
+        "sm_120 (consumer Blackwell)": ("the CUDA kernel's first launch failed: "
+                                        "kvarn_decode_launch failed: no kernel image is "
+                                        "available for execution on the device"),
+        "wheel built without nvcc": missing_library_reason(tmp_path, monkeypatch),
+    }
+    g128 = Preset.parse("kvarn_k4v2_g128")
+    calls = {  # (head dim, query rows per KV head) -> the kernel where CUDA's is usable
+        (128, 4): "cuda",  # GQA 4 decode
+        (256, 16): "cuda",  # GQA 4, verify of 3 speculative tokens
+        (512, 4): "prefetch",  # no CUDA instance at head dim 512
+        (128, 20): "prefetch",  # GQA 5 verify of 4 speculative tokens: 20 rows
+    }
+    for machine, reason in machines.items():
+        selector = decode_select.DecodeSelector(probe=lambda reason=reason: reason)
+        for (head_dim, rows), usable in calls.items():
+            want = usable if reason is None else "prefetch"
+            got = selector.choose("auto", g128, head_dim, rows, torch.device("cuda"))
+            assert got == want, (machine, head_dim, rows)
+    assert "does not exist" in machines["wheel built without nvcc"]
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the machine without CUDA")
@@ -92,8 +133,8 @@ def test_auto_without_cuda_resolves_to_prefetch_and_says_why_once(fresh, caplog)
 def test_cuda_variant_falls_back_to_the_triton_kernel_with_the_references_output(fresh, caplog):
     q, args = case(query_len=2)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        out = attend_rotated(q, *args, num_splits=2, variant="cuda")
-        again = attend_rotated(q, *args, num_splits=2, variant="cuda")
+        out = attend_rotated(q, *args, num_splits=2, variant="cuda", selector=fresh)
+        again = attend_rotated(q, *args, num_splits=2, variant="cuda", selector=fresh)
     want = ref.paged_attention(q, *args)
     assert (out - want).abs().max() <= 5e-3, float((out - want).abs().max())
     assert torch.equal(out, attend_rotated(q, *args, num_splits=2, variant="prefetch"))
@@ -142,12 +183,12 @@ def test_a_library_that_cannot_launch_here_falls_back_to_triton(cuda_library, mo
     lib = decode_cuda.build_library(tmp_path, archs=(other,))
     monkeypatch.setattr(decode_cuda, "_lib", None)  # restored afterwards
     monkeypatch.setenv(decode_cuda.ENV_LIB, str(lib))
-    monkeypatch.setattr(decode_select, "_state", {})
+    selector = decode_select.DecodeSelector()  # a server started on that library
     q, args = case("kvarn_k4v2_g128", 128, 8, 4, 1, (4096, 129), seed=11)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        out = attend_rotated(q, *args, num_splits=2)
-        attend_rotated(q, *args, num_splits=2)
+        out = attend_rotated(q, *args, num_splits=2, selector=selector)
+        attend_rotated(q, *args, num_splits=2, selector=selector)
     assert torch.equal(out, attend_rotated(q, *args, num_splits=2, variant="prefetch"))
-    assert "first launch failed" in cuda_library.unavailable_reason()
+    assert "first launch failed" in selector.unavailable_reason()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "kvarn_decode_launch failed" in warnings[0].message

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from vllm.config import get_current_vllm_config_or_none
-from vllm.fork import kvarn_lifecycle
 from vllm.fork.kvarn_config import side_pool_plan
 from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, KVarNCacheDType, is_kvarn_dtype
+from vllm.fork.kvarn_lifecycle import SidePoolLifecycle
 from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
+from vllm.kvarn.decode_select import DecodeSelector
 from vllm.kvarn.sidepool import SidePool, cdiv
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
@@ -56,14 +57,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-BACKEND_NAME, BACKEND_PATH = KVARN_BACKEND
+BACKEND_NAME = KVARN_BACKEND[0]
 # Sm80+ (Ampere: the 3090/4090-class cards the fork serves on, and datacenter cards).
 MIN_CAPABILITY = 80
-
-
-# The preset of the last KVARN impl built: Model Runner V2 asks the backend about
-# specs outside any current config, after the layers (and their impls) exist.
-_built_preset: Preset | None = None
 
 
 def runs_model_runner_v2(vllm_config) -> bool:
@@ -81,10 +77,11 @@ def _run_preset() -> Preset | None:
     return Preset.parse(config.cache_config.cache_dtype)
 
 
-def _spec_preset(spec: AttentionSpec) -> Preset | None:
+def _spec_preset(spec: AttentionSpec, layer_preset: Preset | None = None) -> Preset | None:
     """The preset of a KVarN layer's spec, None for any other spec. 0.32.0's
     kvarn-dtypes topic gives each preset a KVQuantMode of its own; from 0.33.0 the
-    registered presets share KVQuantMode.CUSTOM, so the run's preset says which."""
+    registered presets share KVQuantMode.CUSTOM, so the run's preset says which, or
+    outside any current config the preset of the layer's backend class."""
     mode = spec.kv_quant_mode
     if mode.name.startswith("KVARN_"):
         return Preset.parse(mode.name.lower())
@@ -94,11 +91,16 @@ def _spec_preset(spec: AttentionSpec) -> Preset | None:
     if mode != KVarNCacheDType().quant_mode():
         return None
     if get_current_vllm_config_or_none() is None:
-        return _built_preset
+        return layer_preset
     return _run_preset()
 
 
 class KVarNAttentionBackend(AttentionBackend):
+    # The preset of the layers the class serves: None on this class, the one registered
+    # as KVARN (it answers from the current config); select_kvarn_backend gives each
+    # layer its preset's subclass, because Model Runner V2 asks about a layer's spec
+    # outside any current config too.
+    preset: ClassVar[Preset | None] = None
     accept_output_buffer: bool = True
     # forward stages the new rows itself: staging, flush and attention share metadata.
     forward_includes_kv_cache_update: bool = True
@@ -109,27 +111,27 @@ class KVarNAttentionBackend(AttentionBackend):
     def get_name() -> str:
         return BACKEND_NAME
 
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        """[G]: a kernel block is one tile. Without a spec, G of the run's preset."""
-        preset = _spec_preset(kv_cache_spec) if kv_cache_spec is not None else None
+    @classmethod
+    def get_supported_kernel_block_sizes(cls, kv_cache_spec=None) -> list[int | MultipleOf]:
+        """[G]: a kernel block is one tile. Without a spec, G of the layers' preset."""
+        preset = None if kv_cache_spec is None else _spec_preset(kv_cache_spec, cls.preset)
         if preset is not None:
             return [preset.group]
-        preset = _run_preset()
+        preset = cls.preset or _run_preset()
         if preset is not None:
             return [preset.group]
         return sorted({Preset.parse(n).group for n in KVARN_CACHE_DTYPES})
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
-        preset = _run_preset()
+        preset = cls.preset or _run_preset()
         return preset.group if preset is not None else default_block_size
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
         """One state per token of tile_bytes / G bytes (exact for every preset), so a
         block of G tokens and one KV head is one tile record."""
-        preset = _spec_preset(spec)
+        preset = _spec_preset(spec, cls.preset)
         if spec.state_content_bytes is not None or preset is None:
             return spec
         if spec.head_size_v != spec.head_size:
@@ -167,10 +169,32 @@ class KVarNAttentionBackend(AttentionBackend):
         return KVarNMetadataBuilder
 
 
+class KVarNK4V2G128Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v2_g128")
+
+
+class KVarNK4V4G128Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v4_g128")
+
+
+class KVarNK4V2G64Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v2_g64")
+
+
+class KVarNK4V4G64Backend(KVarNAttentionBackend):
+    preset = Preset.parse("kvarn_k4v4_g64")
+
+
+PRESET_BACKENDS: dict[str, type[KVarNAttentionBackend]] = {
+    cls.preset.name: cls for cls in (KVarNK4V2G128Backend, KVarNK4V4G128Backend,
+                                     KVarNK4V2G64Backend, KVarNK4V4G64Backend)}
+
+
 def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
                          selector: AttentionSelectorConfig,
                          capability: DeviceCapability | None) -> str | None:
-    """The platform hook: a kvarn cache dtype always means the KVARN backend."""
+    """The platform hook: a kvarn cache dtype always means the KVARN backend (the
+    subclass of its preset, PRESET_BACKENDS)."""
     if not is_kvarn_dtype(selector.kv_cache_dtype):
         return None
     if selected_backend is not None and selected_backend.name != BACKEND_NAME:
@@ -187,7 +211,7 @@ def select_kvarn_backend(selected_backend: AttentionBackendEnum | None,
     # (or with VLLM_PLUGINS excluding ours) still finds KVARN in the enum.
     register()
     logger.info_once("Using KVARN attention backend for %s.", selector.kv_cache_dtype)
-    return BACKEND_PATH
+    return f"{__name__}.{PRESET_BACKENDS[selector.kv_cache_dtype].__qualname__}"
 
 
 @dataclass
@@ -209,6 +233,7 @@ class KVarNMetadata(AttentionMetadata):
     num_decodes: int
     num_decode_tokens: int
     decode_query_len: int
+    decode_selector: DecodeSelector  # the builder's: which decode kernel serves
     prefill_packs: tuple[tuple[int, int, int, int], ...]  # first, end, blocks, max q
     query_start_loc_cpu: np.ndarray
     restore_grid: int  # entries of the restore and flush tables a launch covers
@@ -280,7 +305,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                               kv_cache_spec.head_size)
         self.slack = plan.slack
         self.pool = SidePool(plan.num_blocks, g)
-        kvarn_lifecycle.register(self.pool, layer_names, kv_cache_spec.block_size)
+        self.lifecycle = SidePoolLifecycle(self.pool, layer_names, kv_cache_spec.block_size)
         sched = vllm_config.scheduler_config
         tokens = sched.max_num_batched_tokens
         rows = sched.max_num_seqs
@@ -289,6 +314,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         num_flush = rows * 2 + cdiv(tokens + rows * self.slack, g)
         self.tables = _Tables(rows, width, num_flush, tokens, device)
         self.scratch_blocks = scratch_blocks(vllm_config, self.preset)
+        self.decode_selector = DecodeSelector()
         self._last_step = -1
         logger.info_once(
             "KVarN %s: side pool of %d blocks per layer (%.1f MiB per layer; needs %d "
@@ -300,7 +326,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
         cam = common_attn_metadata
-        step = kvarn_lifecycle.current_step()
+        step = self.lifecycle.steps
         if step == self._last_step or cam.req_idx is None:
             # Not a step the runner announced: warm-up or another dummy run.
             return self._inert(cam)
@@ -414,7 +440,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             flush_dst=self.tables.flush_dst, num_decodes=num_decodes,
             num_decode_tokens=num_decode_tokens,
             decode_query_len=num_decode_tokens // num_decodes if num_decodes else 0,
-            prefill_packs=packs,
+            decode_selector=self.decode_selector, prefill_packs=packs,
             query_start_loc_cpu=cam.query_start_loc_cpu[: cam.num_reqs + 1].numpy(),
             restore_grid=restore_grid, flush_grid=flush_grid)
 
@@ -438,8 +464,7 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if used:
             raise ValueError(f"KVARN backend: {', '.join(used)} not supported; KVarN "
                              "serves plain causal decoder attention")
-        global _built_preset
-        self.preset = _built_preset = Preset.parse(kv_cache_dtype)
+        self.preset = Preset.parse(kv_cache_dtype)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
@@ -449,13 +474,13 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         assert config is not None, "the KVARN impl is built inside the model's config"
         self.side_plan = side_pool_plan(config, self.preset, self.num_kv_heads, head_size)
         self.scratch_blocks = scratch_blocks(config, self.preset)
-        from vllm.kvarn import decode, decode_select
+        from vllm.kvarn import decode
 
         spec = config.speculative_config
         q_len = 1 + ((spec.num_speculative_tokens or 0) if spec else 0)
         rows = q_len * (num_heads // self.num_kv_heads)
         logger.info_once("KVarN decode kernel (head dim %d, %d query rows per KV head): %s",
-                         head_size, rows, decode_select.describe(
+                         head_size, rows, DecodeSelector().describe(
                              decode.default_variant(), self.preset, head_size, rows))
 
     def _pools(self, layer, kv_cache: torch.Tensor) -> tuple[PagedKV, torch.Tensor]:
@@ -504,7 +529,8 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         if nd:
             qd = query[:ndt].view(nd, md.decode_query_len, hq, d)
             res = decode.attend(qd, kv, md.block_table[:nd], md.side_table[:nd],
-                                md.seq_lens[:nd], md.num_flushed[:nd], sm_scale=self.scale)
+                                md.seq_lens[:nd], md.num_flushed[:nd], sm_scale=self.scale,
+                                selector=md.decode_selector)
             out[:ndt] = res.reshape(ndt, hq, d).to(out.dtype)
         for pack in md.prefill_packs:
             self._prefill_pack(pack, query, out, kv, md)
