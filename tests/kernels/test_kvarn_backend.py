@@ -121,7 +121,8 @@ class Driver:
         self.pending_new.append(NewRequestData(
             req_id=req.rid, prompt_token_ids=req.tokens, mm_features=[],
             sampling_params=None, pooling_params=None, block_ids=(req.blocks,),
-            num_computed_tokens=req.computed, lora_request=None))
+            num_computed_tokens=req.computed, lora_request=None,
+            prefill_token_ids=req.tokens))
 
     def finish(self, req: Request) -> None:
         self.pending_done.add(req.rid)
@@ -221,6 +222,27 @@ def _prompt(seed: int, n: int) -> list[int]:
     return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def test_a_dummy_run_before_any_announced_step_is_inert(driver):
+    """0.34.0's dummy runs (profiling, warm-up, capture) carry request slots as real
+    steps do; before the runner has announced a step, none may be planned as one (the
+    0.34.0 GPU run failed there: 'slot 0 was scheduled but never admitted')."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.tensor([0, 4], dtype=torch.int32)
+    seq = torch.tensor([4], dtype=torch.int32)
+    cam = CommonAttentionMetadata(
+        query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl, seq_lens=seq.to(DEVICE),
+        num_reqs=1, num_actual_tokens=4, max_query_len=4, max_seq_len=4,
+        block_table_tensor=torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),
+        slot_mapping=torch.zeros(1), positions=torch.arange(4, device=DEVICE),
+        seq_lens_cpu_upper_bound=seq, req_idx=np.array([0]))
+    driver.builder.build(0, cam)  # slot 0 was never admitted
+    a = Request("a", _prompt(1, 40))
+    driver.admit(a)
+    driver.step([(a, 40)])  # the first announced step is planned as usual
+    assert driver.checked == 40
+
+
 def test_prefill_chunks_decode_and_prefix_hits(driver):
     g = driver.g
     a = Request("a", _prompt(1, 170) + _prompt(2, 60))
@@ -294,6 +316,10 @@ def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeyp
 
 
 def test_v1_runner_is_refused(model_dir):
+    from vllm.config import VllmConfig
+
+    if not hasattr(VllmConfig, "use_v2_model_runner"):
+        pytest.skip("0.34.0 removed Model Runner V1: V2 is the only runner")
     with pytest.raises(ValueError, match="Model Runner V2"):
         Driver(model_dir, "kvarn_k4v2_g64")
 

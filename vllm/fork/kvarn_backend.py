@@ -315,7 +315,9 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self.tables = _Tables(rows, width, num_flush, tokens, device)
         self.scratch_blocks = scratch_blocks(vllm_config, self.preset)
         self.decode_selector = DecodeSelector()
-        self._last_step = -1
+        # Its lifecycle has announced no step yet: until it does, every build is a
+        # dummy run (0.34.0's dummy runs carry request slots too).
+        self._last_step = self.lifecycle.steps
         logger.info_once(
             "KVarN %s: side pool of %d blocks per layer (%.1f MiB per layer; needs %d "
             "for %d seats, %d tokens per step, %d speculative tokens), prefill scratch "
