@@ -121,7 +121,7 @@ def test_the_bundle_refuses_stock_xgrammar_naming_the_fork_version(tmp_path: Pat
     stock.write_bytes(b"not read: refused by its name")
     with pytest.raises(KilnError) as err:
         bundle_xgrammar("3.12", stock, log=lambda _: None)
-    assert str(err.value) == (f"{stock.name} is not the fork's xgrammar 0.2.8+kiln.3, which the "
+    assert str(err.value) == (f"{stock.name} is not the fork's xgrammar 0.2.8+kiln.4, which the "
                               "bundle carries (requirements/xgrammar.lock)")
     with pytest.raises(KilnError, match="missing.whl: no such wheel; build one with "
                        r"`python3 -m kiln build-xgrammar --python 3\.12`"):
