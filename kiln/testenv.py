@@ -26,8 +26,10 @@ from kiln.pins import requirement_name
 
 # The CPU torch on this machine's disk, for kiln's own tool venvs (the xgrammar suite).
 TORCH = "torch==2.13.0"
-# PyPI's builds of these fail to import beside the CPU torch wheel.
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
+# PyPI's builds of the torch* ones fail to import beside the CPU torch wheel.
+# flashinfer holds GPU kernels that no CPU tier runs, and the registry lacks
+# vLLM 0.34.0's pin of it (0.7.3).
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "flashinfer-python")
 COMPLETE = ".kiln-complete"
 BASE_PTH = "kiln-test-base.pth"
 # A fork venv unused this long is removed when another is made (each holds a whole vllm).

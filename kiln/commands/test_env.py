@@ -1,7 +1,8 @@
 """Make (or reuse) the cached test virtualenv for a built wheel, with the wheel installed.
 
 The base venv holds the torch the wheel pins, the wheel's own requirements (less
-torchvision, torchaudio and torchcodec, which fail beside CPU torch) and
+torchvision, torchaudio and torchcodec, which fail beside CPU torch, and flashinfer,
+whose GPU kernels no CPU tier runs) and
 requirements/test.txt; the printed venv adds this build's wheel on top of it. With
 --xgrammar, the fork's xgrammar wheel for the venv's Python (given one or several,
 e.g. all of dist/xgrammar-*.whl) shadows the stock xgrammar that the requirements

@@ -158,3 +158,21 @@ def test_idle_server_is_not_a_stall(server) -> None:
     with open(server.log_path, "rb") as f:
         f.seek(mark)
         assert "Engine stall" not in f.read().decode(errors="replace")
+
+
+# --- cpu-fallback-ops -------------------------------------------------------
+
+
+def test_the_worker_serves_on_the_pure_torch_stand_ins(server, upstream_version) -> None:
+    """The CUDA wheel has no compiled CPU ops, so the worker registers stand-ins;
+    from 0.34.0, with no usable Triton on this x86 host, it runs upstream's
+    standalone CPU runner on them."""
+    from packaging.version import Version
+
+    log = server.log_text()
+    worker = [line for line in log.splitlines()
+              if "VllmWorker" in line and "registered slow pure-torch fallbacks" in line]
+    assert worker, server.log_tail()
+    if Version(upstream_version) >= Version("0.34.0"):
+        assert "gumbel_sample_cpu" in worker[0] and "post_update_cpu" in worker[0]
+        assert re.search(r"\[standalone_model_runner\.py:\d+\] Loading model", log)

@@ -92,7 +92,7 @@ def test_the_venvs_torch_is_the_one_the_wheel_pins(tmp_path):
 
     wheel = _fork_wheel(tmp_path, "0.33.0+kiln.1", [
         "numpy", "torch==2.14.0", "torchvision==0.29.0", "xgrammar==0.2.8; platform_machine == 'x86_64'",
-        "pytest; extra == 'test'"])
+        "flashinfer-python==0.7.3", "pytest; extra == 'test'"])
     assert torch_requirement(wheel) == "torch==2.14.0"
     assert runtime_requirements(wheel) == ["numpy", "xgrammar==0.2.8; platform_machine == 'x86_64'"]
     (tmp_path / "loose").mkdir()

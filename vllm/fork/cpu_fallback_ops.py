@@ -3,36 +3,56 @@
 The wheel users install carries CUDA binaries only, so on a CPU-only host
 ``torch.ops._C`` lacks the ops that the CPU worker, the CPU_ATTN backend, the
 rotary embedding and the sampler call. Registering these stand-ins (schemas as
-upstream's CPU extension declares them) lets that very wheel serve on CPU,
-slowly. Ops already present (a real CPU build) are never shadowed.
+upstream's CPU extension declares them, csrc/cpu/torch_bindings.cpp) lets that
+very wheel serve on CPU, slowly. Ops already present (a real CPU build) are
+never shadowed.
+
+From 0.34.0 upstream's x86 CPU path needs Triton (triton-cpu), which a CUDA
+build of Triton without a GPU does not give; ``serves_without_triton`` lets the
+platform take upstream's standalone CPU runner there instead, as upstream does
+off x86, on the stand-ins for its ops (``cpu_runner_ops``, ``cpu_sampling_ops``).
+Each stand-in names the C++ kernel it mirrors (``# mirrors: FILE::FUNCTION``,
+FILE under the sdist's root).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from vllm.fork import cpu_runner_ops, cpu_sampling_ops
 from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.platforms.interface import Platform
 
 logger = init_logger(__name__)
 
 _NAMESPACE = "_C"
 # Kept alive for the life of the process: dropping a Library unregisters it.
 _LIBRARY: torch.library.Library | None = None
+# The ops this process defined: the rest of torch.ops._C came compiled.
+_STOOD_IN: set[str] = set()
+# Every build of upstream's CPU extension defines it, no CUDA build does.
+_CPU_EXTENSION_MARKER = "init_cpu_memory_env"
 
 
+# mirrors: csrc/cpu/utils.cpp::init_cpu_memory_env
 def _init_cpu_memory_env(node_ids: Sequence[int]) -> None:
     # The compiled op binds allocations to NUMA nodes; plain torch allocates
     # wherever the OS puts it, which is correct, only less local.
     return None
 
 
+# mirrors: csrc/cpu/cpu_attn.cpp::cpu_attn_has_isa
 def _cpu_attn_has_isa(isa: str) -> bool:
     return False
 
 
+# mirrors: csrc/cpu/cpu_attn.cpp::get_scheduler_metadata
 def _get_scheduler_metadata(
     num_req: int,
     num_heads_q: int,
@@ -61,6 +81,7 @@ def _require_plain_kv_cache(kv_cache_dtype: str) -> None:
         )
 
 
+# mirrors: csrc/cpu/cpu_attn.cpp::cpu_attn_reshape_and_cache
 def _cpu_attn_reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -94,6 +115,7 @@ def _gather_pages(
     return gathered.transpose(0, 1).reshape(heads, -1, head)[:, :length]
 
 
+# mirrors: csrc/cpu/cpu_attn.cpp::cpu_attention_with_kv_cache
 def _cpu_attention_with_kv_cache(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -165,6 +187,7 @@ def _cpu_attention_with_kv_cache(
         out_all[q_lo:q_hi] = torch.matmul(probs, v).transpose(0, 1).to(output.dtype)
 
 
+# mirrors: csrc/cpu/utils.cpp::compute_slot_mapping_kernel_impl
 def _compute_slot_mapping_kernel_impl(
     query_start_loc: torch.Tensor,
     positions: torch.Tensor,
@@ -184,6 +207,7 @@ def _compute_slot_mapping_kernel_impl(
     )
 
 
+# mirrors: csrc/cpu/pos_encoding.cpp::rotary_embedding
 def _rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -217,10 +241,12 @@ def _rotary_embedding(
         x2.copy_(rotated_2)
 
 
+# mirrors: csrc/cpu/sampling_kernels.cpp::greedy_argmax
 def _greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).view(-1)
 
 
+# mirrors: csrc/cpu/sampling_kernels.cpp::fused_gumbel_argmax
 def _fused_gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """Gumbel-max sampling with one seeded stream per row."""
     out = torch.empty(logits.size(0), dtype=torch.int64)
@@ -234,11 +260,13 @@ def _fused_gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
     return out
 
 
+# mirrors: csrc/cpu/sgl-kernels/gemm.cpp::convert_weight_packed
 def _convert_weight_packed(weight: torch.Tensor) -> torch.Tensor:
     # No packing: weight_packed_linear below consumes the plain layout.
     return weight
 
 
+# mirrors: csrc/cpu/sgl-kernels/gemm.cpp::weight_packed_linear
 def _weight_packed_linear(
     out: torch.Tensor,
     mat1: torch.Tensor,
@@ -302,6 +330,71 @@ _OPS: dict[str, tuple[str, Callable[..., object]]] = {
         "bool is_vnni) -> ()",
         _weight_packed_linear,
     ),
+    # Upstream's standalone CPU runner (vllm/_cpu_ops.py); its compiled ops are
+    # built into non-x86 CPU wheels only.
+    "gather_block_table_cpu": (
+        "(Tensor block_table, Tensor(a1!) output, Tensor idx_mapping, "
+        "Tensor num_blocks, SymInt num_reqs_padded) -> ()",
+        cpu_runner_ops.gather_block_table,
+    ),
+    "compute_slot_mapping_cpu": (
+        "(Tensor block_table, Tensor(a1!) slot_mapping, Tensor idx_mapping, "
+        "Tensor query_start_loc, Tensor positions, SymInt block_size, "
+        "bool mapping_enabled, SymInt pad_slot_id) -> ()",
+        cpu_runner_ops.compute_slot_mapping,
+    ),
+    "prepare_prefill_inputs_cpu": (
+        "(Tensor(a0!) input_ids, Tensor(a1!) next_prefill_tokens, "
+        "Tensor idx_mapping, Tensor query_start_loc, Tensor all_token_ids, "
+        "Tensor prefill_len, Tensor num_computed_tokens) -> ()",
+        cpu_runner_ops.prepare_prefill_inputs,
+    ),
+    "get_prompt_logprobs_token_ids_cpu": (
+        "(SymInt num_tokens, Tensor query_start_loc, Tensor idx_mapping, "
+        "Tensor num_computed_tokens, Tensor all_token_ids) -> Tensor",
+        cpu_runner_ops.get_prompt_logprobs_token_ids,
+    ),
+    "prepare_pos_seq_lens_cpu": (
+        "(Tensor idx_mapping, Tensor query_start_loc, Tensor num_computed_tokens, "
+        "Tensor(a3!) pos, Tensor(a4!) seq_lens) -> ()",
+        cpu_runner_ops.prepare_pos_seq_lens,
+    ),
+    "prepare_mrope_positions_cpu": (
+        "(Tensor(a0!) positions, Tensor prefill_positions, Tensor prefill_delta, "
+        "Tensor idx_mapping, Tensor query_start_loc, Tensor prefill_lens, "
+        "Tensor num_computed_tokens) -> ()",
+        cpu_runner_ops.prepare_mrope_positions,
+    ),
+    "combine_sampled_and_draft_tokens_cpu": (
+        "(Tensor(a0!) input_ids, Tensor idx_mapping, Tensor last_sampled_tokens, "
+        "Tensor query_start_loc, Tensor seq_lens, Tensor prefill_len, "
+        "Tensor draft_tokens, Tensor cu_num_logits, SymInt num_logits, "
+        "SymInt num_new_sampled_tokens) -> Tensor",
+        cpu_runner_ops.combine_sampled_and_draft_tokens,
+    ),
+    "post_update_cpu": (
+        "(Tensor idx_mapping, Tensor(a1!) num_computed_tokens, "
+        "Tensor(a2!) last_sampled_tokens, Tensor(a3!)? output_bin_counts, "
+        "Tensor sampled_tokens, Tensor num_sampled, Tensor num_rejected, "
+        "Tensor? query_start_loc, Tensor(a8!) all_token_ids, "
+        "Tensor(a9!) total_len) -> ()",
+        cpu_runner_ops.post_update,
+    ),
+    "gumbel_sample_cpu": (
+        "(Tensor logits, Tensor expanded_idx_mapping, Tensor temperature, "
+        "Tensor seeds, Tensor positions, bool apply_temperature, "
+        "bool is_drafting, bool use_fp64) -> Tensor",
+        cpu_sampling_ops.gumbel_sample,
+    ),
+    "apply_logit_bias_cpu": (
+        "(Tensor(a0!) logits, Tensor expanded_idx_mapping, Tensor positions, "
+        "Tensor num_allowed_token_ids, Tensor allowed_token_ids, "
+        "Tensor num_logit_bias, Tensor logit_bias_token_ids, Tensor logit_bias, "
+        "Tensor min_lens, Tensor num_stop_token_ids, "
+        "Tensor restore_when_all_masked, Tensor stop_token_ids, "
+        "bool check_all_masked_rows) -> ()",
+        cpu_sampling_ops.apply_logit_bias,
+    ),
 }
 
 
@@ -329,9 +422,23 @@ def register_missing_ops() -> list[str]:
         # Ops without tensor arguments have no device to dispatch on.
         key = "CPU" if "Tensor" in schema else "CompositeExplicitAutograd"
         _LIBRARY.impl(name, impl, key)
+        _STOOD_IN.add(name)
     logger.warning(
         "Compiled CPU ops are absent from this vLLM build; registered slow "
         "pure-torch fallbacks for: %s",
         ", ".join(names),
     )
     return names
+
+
+def serves_without_triton(platform: type[Platform]) -> bool:
+    """Whether the CPU platform serves with no Triton, on the stand-ins.
+
+    True where this build lacks upstream's compiled CPU extension (the CUDA
+    wheel on a CPU host): CpuPlatform then takes upstream's standalone CPU
+    runner on x86 too, where upstream would demand triton-cpu. A real CPU
+    build keeps upstream's rule. ``platform.import_kernels()`` (idempotent)
+    first tries the compiled extension, then registers what is missing.
+    """
+    platform.import_kernels()
+    return _CPU_EXTENSION_MARKER in _STOOD_IN
