@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import get_args
 import pytest
 import torch
 
-import vllm.config.cache
 from vllm.config.cache import CacheDType
 from vllm.engine.arg_utils import EngineArgs
 from vllm.fork.kvarn_backend import PRESET_BACKENDS, _spec_preset
@@ -30,7 +28,6 @@ from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
 
 # As vLLM does in every process before it reads a cache dtype.
 load_general_plugins()
-REGISTERED = hasattr(vllm.config.cache, "register_kv_cache_dtype")
 
 VLLM = str(Path(sys.executable).with_name("vllm"))
 PRESETS = ("kvarn_k4v2_g128", "kvarn_k4v4_g128", "kvarn_k4v2_g64", "kvarn_k4v4_g64")
@@ -70,39 +67,15 @@ def model(tmp_path_factory) -> str:
 
 def test_the_presets_are_cache_dtypes_stored_as_bytes():
     assert PRESETS == Preset.names()
-    if REGISTERED:  # 0.33.0 on: upstream's registry, no edit of the CacheDType literal
-        from vllm.config.cache import KV_CACHE_DTYPES, get_kv_cache_dtype_handler
+    # upstream's registry, no edit of the CacheDType literal
+    from vllm.config.cache import KV_CACHE_DTYPES, get_kv_cache_dtype_handler
 
-        assert not [name for name in get_args(CacheDType) if name.startswith("kvarn_")]
-        assert [name for name in KV_CACHE_DTYPES if name.startswith("kvarn_")] == list(PRESETS)
-        assert all(get_kv_cache_dtype_handler(name).name == name for name in PRESETS)
-    else:
-        assert tuple(n for n in get_args(CacheDType) if n.startswith("kvarn_")) == PRESETS
+    assert not [name for name in get_args(CacheDType) if name.startswith("kvarn_")]
+    assert [name for name in KV_CACHE_DTYPES if name.startswith("kvarn_")] == list(PRESETS)
+    assert all(get_kv_cache_dtype_handler(name).name == name for name in PRESETS)
     assert all(STR_DTYPE_TO_TORCH_DTYPE[name] == torch.uint8 for name in PRESETS)
 
 
-@pytest.mark.skipif(REGISTERED, reason="from 0.33.0 upstream's --help lists only the "
-                    "CacheDType literal, not registered cache dtypes")
-def test_vllm_serve_help_lists_the_presets():
-    result = subprocess.run([VLLM, "serve", "--help=all"], capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for name in PRESETS:
-        assert name in result.stdout
-
-
-@pytest.mark.skipif(REGISTERED, reason="0.32.0 only: a KVQuantMode member per preset")
-def test_quant_modes_are_distinct_and_far_from_upstream():
-    values = [m.value for m in KVQuantMode.__members__.values()]
-    assert len(values) == len(set(values)), "two KVQuantMode members share a value"
-    for name in PRESETS:
-        mode = get_kv_quant_mode(name)
-        assert mode.name == name.upper() and mode.value >= 100 and mode.is_kvarn
-    assert not any(m.is_kvarn for m in KVQuantMode if m.value < 100)
-    assert get_kv_quant_mode("auto") == KVQuantMode.NONE
-
-
-@pytest.mark.skipif(not REGISTERED, reason="0.33.0 on: the presets go through the registry")
 def test_registered_presets_use_the_custom_quant_mode():
     assert all(get_kv_quant_mode(name) == KVQuantMode.CUSTOM for name in PRESETS)
     assert get_kv_quant_mode("auto") == KVQuantMode.NONE
@@ -133,19 +106,13 @@ def _pristine_quant_modes(version: str) -> dict[str, int]:
         return _quant_mode_values(tar.extractfile(member).read().decode())
 
 
-def test_quant_modes_are_clear_of_pristine_0_33_0():
-    from kiln.lock import UpstreamLock
+def test_the_installed_quant_modes_are_pristine():
+    """No KVarN edit of upstream's KVQuantMode: the presets go through the registry."""
+    from vllm.fork.identity import fork_identity
 
-    if "0.33.0" not in UpstreamLock.load().releases:
-        pytest.skip("vLLM 0.33.0 is not pinned in requirements/upstream.lock "
-                    "(python -m kiln pin-bump --to 0.33.0 pins it)")
-    upstream = _pristine_quant_modes("0.33.0")
-    assert upstream.get("CUSTOM") == 12, "0.33.0's KVQuantMode is not what the spec says"
-    if REGISTERED:  # no KVarN enum edit left: the installed enum is pristine's
-        assert {name: m.value for name, m in KVQuantMode.__members__.items()} == upstream
-    else:
-        ours = {get_kv_quant_mode(name).value for name in PRESETS}
-        assert not ours & set(upstream.values())
+    upstream = _pristine_quant_modes(fork_identity().upstream_version)
+    assert upstream.get("CUSTOM") == 12, "KVQuantMode is not what the spec says"
+    assert {name: m.value for name, m in KVQuantMode.__members__.items()} == upstream
 
 
 @pytest.mark.parametrize("name", ["kvarn_k4v2_g128", "kvarn_k4v4_g64"])

@@ -78,13 +78,10 @@ def _run_preset() -> Preset | None:
 
 
 def _spec_preset(spec: AttentionSpec, layer_preset: Preset | None = None) -> Preset | None:
-    """The preset of a KVarN layer's spec, None for any other spec. 0.32.0's
-    kvarn-dtypes topic gives each preset a KVQuantMode of its own; from 0.33.0 the
-    registered presets share KVQuantMode.CUSTOM, so the run's preset says which, or
-    outside any current config the preset of the layer's backend class."""
+    """The preset of a KVarN layer's spec, None for any other spec. The registered
+    presets share KVQuantMode.CUSTOM, so the run's preset says which, or outside any
+    current config the preset of the layer's backend class."""
     mode = spec.kv_quant_mode
-    if mode.name.startswith("KVARN_"):
-        return Preset.parse(mode.name.lower())
     # By value, against the mode the fork's handler registers (KVQuantMode.CUSTOM):
     # CUSTOM = 12 is an alias, so the member's name is OCTAVE_K3V4. 0.34.0 dropped the
     # is_custom_mode property 0.33.0 had, so the comparison is done here.

@@ -79,14 +79,13 @@ def _cache_modes() -> dict:
 
 
 def upstream_split_query_len(kv_cache_dtype: str) -> int:
-    """Query tokens per request upstream's own split (3D) path takes: 1 on 0.32.0; on
-    0.33.0 up to its MAX_3D_QUERY_LEN, but 1 for int4 (its launcher runs multi-query
-    batches in 2D)."""
+    """Query tokens per request upstream's own split (3D) path takes: up to its
+    MAX_3D_QUERY_LEN, but 1 for int4 (its launcher runs multi-query batches in 2D)."""
     from vllm.v1.attention.ops import triton_unified_attention
 
     if kv_cache_dtype == "int4_per_token_head":
         return 1
-    return getattr(triton_unified_attention, "MAX_3D_QUERY_LEN", 1)
+    return triton_unified_attention.MAX_3D_QUERY_LEN
 
 
 FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_per_token_head")
