@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.patching import apply_series_into
-from kiln.pristine import PristineTree
-from kiln.series import Series, series_dir
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.series.patching import apply_series_into
+from kiln.upstream.pristine import PristineTree
+from kiln.series.series import Series, series_dir
 
 NAME = "apply"
 HELP = "pristine upstream + the series, into a new folder"

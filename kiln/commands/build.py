@@ -1,8 +1,8 @@
 """Build the fork wheel and the fork's xgrammar wheels into dist/.
 
 Writes dist/vllm-<upstream>+kiln.N-...whl (pristine upstream wheel + series +
-overlay; see kiln/version.py for N; two builds of one commit are byte-identical;
-a tree with uncommitted changes builds a version ending in .dirty) and
+overlay; see kiln/build/version.py for N; two builds of one commit are
+byte-identical; a tree with uncommitted changes builds a version ending in .dirty) and
 dist/xgrammar-0.2.8+kiln.N-cp3XY-cp3XY-manylinux_2_X_x86_64.whl for each supported
 Python (the xgrammar sdist + patches/xgrammar/, built with CMake and ninja, cached
 by the hash of its inputs; see `build-xgrammar`). Every Python is looked for before
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from kiln.commands.build_xgrammar import add_python_argument, report
 from kiln.errors import KilnError
-from kiln.lock import add_version_option, pinned_version
+from kiln.upstream.lock import add_version_option, pinned_version
 from kiln.paths import REPO_ROOT
-from kiln.wheel import build_wheel
-from kiln.xgrammar import PYTHONS, build_xgrammar, find_pythons, parse_pythons
+from kiln.build.wheel import build_wheel
+from kiln.build.xgrammar import PYTHONS, build_xgrammar, find_pythons, parse_pythons
 
 NAME = "build"
 HELP = "build the fork wheel into dist/"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from kiln.paths import REPO_ROOT
-from kiln.xgrammar import PYTHONS, XgrammarBuild, build_xgrammar, find_pythons, parse_pythons
+from kiln.build.xgrammar import PYTHONS, XgrammarBuild, build_xgrammar, find_pythons, parse_pythons
 
 NAME = "build-xgrammar"
 HELP = "build the fork's xgrammar wheels (0.2.8 + patches/xgrammar/) into dist/"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.lock import add_version_option, pinned_version
-from kiln.materialize import export
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.series.materialize import export
 from kiln.paths import REPO_ROOT
 
 NAME = "export"

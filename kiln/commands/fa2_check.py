@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
-from kiln.lock import UpstreamLock, add_version_option, pinned_version
-from kiln.patching import apply_series_into
+from kiln.abi.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
+from kiln.upstream.lock import UpstreamLock, add_version_option, pinned_version
+from kiln.series.patching import apply_series_into
 from kiln.paths import REPO_ROOT
-from kiln.pinbump import sdist_tree
-from kiln.series import Series
+from kiln.upstream.pinbump import sdist_tree
+from kiln.series.series import Series
 
 NAME = "fa2-check"
 HELP = "check that every call into the compiled attention ops binds to its pinned schema"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 from kiln.errors import naming
-from kiln.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
+from kiln.abi.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
 
 NAME = "fa2-snapshot"
 HELP = "extract the pinned wheel's attention op schemas into fa2/schemas/ and fa2/PIN"

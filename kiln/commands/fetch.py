@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
 
 NAME = "fetch"
 HELP = "download and verify the pristine upstream wheel and sdist"

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.materialize import fork_branch, materialize
-from kiln.pristine import PristineTree
-from kiln.series import Series, series_dir
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.series.materialize import fork_branch, materialize
+from kiln.upstream.pristine import PristineTree
+from kiln.series.series import Series, series_dir
 
 NAME = "materialize"
 HELP = "git repository: pristine tag + one commit per topic"

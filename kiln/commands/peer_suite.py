@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
-from kiln.pristine import PristineTree
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.testing.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
+from kiln.upstream.pristine import PristineTree
 
 NAME = "peer-suite"
 HELP = "upstream's CPU tests against an installed vllm, compared with the baseline"

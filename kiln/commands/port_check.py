@@ -43,13 +43,13 @@ import json
 from pathlib import Path
 
 from kiln.errors import naming
-from kiln.lock import UpstreamLock
+from kiln.upstream.lock import UpstreamLock
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.pinbump import sdist_tree
+from kiln.upstream.pinbump import sdist_tree
 from kiln.portcheck import port_check
 from kiln.portcheck.accept import judge, load_acceptances
-from kiln.series import Series, series_dir
-from kiln.wheel import OVERLAY_DIRS
+from kiln.series.series import Series, series_dir
+from kiln.build.wheel import OVERLAY_DIRS
 
 NAME = "port-check"
 HELP = "find what moving the series to a new upstream breaks (names, signatures, overrides, enums, mirrors, drift)"

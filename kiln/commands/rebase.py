@@ -21,11 +21,11 @@ import argparse
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock
-from kiln.materialize import materialize
-from kiln.pinbump import sdist_tree
-from kiln.rebase import RebaseReport, resume, start, state_dir
-from kiln.series import Series, series_dir
+from kiln.upstream.lock import UpstreamLock
+from kiln.series.materialize import materialize
+from kiln.upstream.pinbump import sdist_tree
+from kiln.series.rebase import RebaseReport, resume, start, state_dir
+from kiln.series.series import Series, series_dir
 
 NAME = "rebase"
 HELP = "rebase the series onto a new upstream version; record every stop"

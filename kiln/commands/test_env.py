@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.lock import add_version_option, pinned_version
-from kiln.testenv import fork_venv, test_venv, upstream_version
-from kiln.xgrammar import wheel_for_python
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.testing.testenv import fork_venv, test_venv, upstream_version
+from kiln.build.xgrammar import wheel_for_python
 
 NAME = "test-env"
 HELP = "the cached test virtualenv, with the given wheel installed"

@@ -6,9 +6,9 @@ import argparse
 
 from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT
-from kiln.lock import UpstreamLock, add_version_option, pinned_version
-from kiln.series import Series, series_dir
-from kiln.topics import topics_table, update_readme
+from kiln.upstream.lock import UpstreamLock, add_version_option, pinned_version
+from kiln.series.series import Series, series_dir
+from kiln.series.topics import topics_table, update_readme
 
 NAME = "topics"
 HELP = "the carried topics as a Markdown table"

@@ -14,12 +14,12 @@ import zipfile
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.fa2 import Snapshot
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.pristine import PristineTree
-from kiln.series import carried_versions, series_dir
-from kiln.verify import verify
+from kiln.abi.fa2 import Snapshot
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.upstream.pristine import PristineTree
+from kiln.series.series import carried_versions, series_dir
+from kiln.series.verify import verify
 
 NAME = "verify"
 HELP = "prove the series applies and round-trips exactly"

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("griffe")
 
-from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease  # noqa: E402
-from kiln.pinbump import sdist_tree  # noqa: E402
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease  # noqa: E402
+from kiln.upstream.pinbump import sdist_tree  # noqa: E402
 from kiln.portcheck import port_check  # noqa: E402
-from kiln.series import Series  # noqa: E402
+from kiln.series.series import Series  # noqa: E402
 from tests.unit.conftest import make_diff, write_patch  # noqa: E402
 
 V031 = UpstreamRelease(

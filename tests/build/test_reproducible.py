@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from kiln.paths import REPO_ROOT
-from kiln.wheel import build_wheel
+from kiln.build.wheel import build_wheel
 
 
 def test_a_second_kiln_build_is_byte_identical(fork_wheel, tmp_path):

@@ -124,7 +124,7 @@ def _quant_mode_values(source: str) -> dict[str, int]:
 
 
 def _pristine_quant_modes(version: str) -> dict[str, int]:
-    from kiln.fetch import fetch
+    from kiln.upstream.fetch import fetch
 
     files = fetch(version, log=lambda _: None)
     with tarfile.open(files.sdist) as tar:
@@ -134,7 +134,7 @@ def _pristine_quant_modes(version: str) -> dict[str, int]:
 
 
 def test_quant_modes_are_clear_of_pristine_0_33_0():
-    from kiln.lock import UpstreamLock
+    from kiln.upstream.lock import UpstreamLock
 
     if "0.33.0" not in UpstreamLock.load().releases:
         pytest.skip("vLLM 0.33.0 is not pinned in requirements/upstream.lock "

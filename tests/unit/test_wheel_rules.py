@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.series import Topic
-from kiln.wheel import check_topic_paths, record_hash
+from kiln.series.series import Topic
+from kiln.build.wheel import check_topic_paths, record_hash
 from tests.unit.conftest import write_patch
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError, naming
-from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease
 from kiln.paths import cache_dir
 
 ATTEMPTS = 3

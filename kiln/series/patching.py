@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.series import Series, Topic
+from kiln.series.series import Series, Topic
 
 _PATCHING = re.compile(r"^patching file (?P<file>.+)$")
 _OFFSET = re.compile(r"^Hunk #(?P<hunk>\d+) succeeded at (?P<line>\d+) \(offset (?P<offset>-?\d+) lines?\)\.")

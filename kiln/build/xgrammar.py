@@ -3,7 +3,7 @@
 vLLM 0.32.0 pins xgrammar==0.2.8. The fork ships ``xgrammar-0.2.8+kiln.N`` beside its
 own wheel (the pin accepts a local version), rebuilt from the registry's sdist with a
 second patch series in the same format as ``patches/``, once for each CPython the fork
-supports (``PYTHONS``), each tagged manylinux for the glibc it needs (kiln/manylinux.py).
+supports (``PYTHONS``), each tagged manylinux for the glibc it needs (kiln/abi/manylinux.py).
 The sdist is checked against ``requirements/xgrammar.lock``; each build (scikit-build-core:
 CMake + ninja, under that Python's pip with build isolation, constrained by
 ``requirements/xgrammar-build.txt``) is cached outside the repository, keyed by the
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError, naming
-from kiln.fetch import fetch_pinned, download_from_index, sha256_of
-from kiln.lock import PinnedFile
-from kiln.manylinux import TOOLS_REQUIREMENTS, repair
-from kiln.patching import apply_series
+from kiln.upstream.fetch import fetch_pinned, download_from_index, sha256_of
+from kiln.upstream.lock import PinnedFile
+from kiln.abi.manylinux import TOOLS_REQUIREMENTS, repair
+from kiln.series.patching import apply_series
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.series import Series, Topic
-from kiln.testenv import COMPLETE, TORCH
+from kiln.series.series import Series, Topic
+from kiln.testing.testenv import COMPLETE, TORCH
 from kiln.tomlfile import read_toml
 
 LOCK_PATH = REPO_ROOT / "requirements" / "xgrammar.lock"

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.diff import FileDiff, parse_diff
+from kiln.series.diff import FileDiff, parse_diff
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock, version_key
+from kiln.upstream.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
 from kiln.textfile import read_utf8
 

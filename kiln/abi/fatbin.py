@@ -38,7 +38,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from kiln.elf import sections
+from kiln.abi.elf import sections
 from kiln.errors import KilnError
 
 SECTION = ".nv_fatbin"

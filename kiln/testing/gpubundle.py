@@ -3,7 +3,7 @@
 A GPU machine with Python 3.12 and a CUDA torch >= 2.11 but no network and no vLLM
 (the lent H200 is one) gets one folder of at most 60 MiB:
 
-    run                        bash: DIR/run RESULTS_DIR [pytest args] (kiln/gpubundle_run.sh)
+    run                        bash: DIR/run RESULTS_DIR [pytest args] (kiln/testing/gpubundle_run.sh)
     manifest.json              fork version, archs, every file's size and sha256
     vllm-python.tar.xz         the wheel's Python and data files
     compiled/vllm/*.so.xz      the compiled extensions it needs, slimmed to the archs
@@ -37,15 +37,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln import fatbin
+from kiln.abi import fatbin
 from kiln.errors import KilnError, naming
-from kiln.fetch import sha256_of
-from kiln.gpulock import LOCK_PATH, GpuBundleLock
-from kiln.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS, WHEELS
-from kiln.metadata import upstream_dist_info
+from kiln.upstream.fetch import sha256_of
+from kiln.testing.gpulock import LOCK_PATH, GpuBundleLock
+from kiln.testing.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS, WHEELS
+from kiln.build.metadata import upstream_dist_info
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.wheel import build_wheel
-from kiln.xgrammar import XgrammarLock, find_pythons, fork_wheel, load_series, wheel_for_python
+from kiln.build.wheel import build_wheel
+from kiln.build.xgrammar import XgrammarLock, find_pythons, fork_wheel, load_series, wheel_for_python
 
 ALLOWED_ARCHS = (80, 86, 89, 90)
 DEFAULT_ARCHS = (90,)
@@ -202,7 +202,7 @@ def classify(wheel: zipfile.ZipFile) -> tuple[list[str], list[str]]:
     if undecided:
         raise KilnError(
             f"the wheel has compiled files the bundle has no decision for: "
-            f"{', '.join(undecided)}; add each to CARRIED or LEFT_OUT in kiln/gpubundle.py")
+            f"{', '.join(undecided)}; add each to CARRIED or LEFT_OUT in kiln/testing/gpubundle.py")
     missing = sorted(set(CARRIED) - set(compiled) - set(BUILT_WITH_NVCC))
     if missing:
         raise KilnError(f"the wheel lacks compiled files the bundle carries: {', '.join(missing)}")

@@ -8,11 +8,11 @@ import zipfile
 from pathlib import Path
 
 from kiln.errors import KilnError, naming
-from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
-from kiln.pins import PinChanges
-from kiln.version import fork_version
+from kiln.build.pins import PinChanges
+from kiln.build.version import fork_version
 
 PACKAGE = "vllm"
 # Beside upstream's licenses/LICENSE, in the folder PEP 639 gives license files.
@@ -60,7 +60,7 @@ def dist_info_files(upstream: zipfile.ZipFile, version: str, pins: PinChanges,
     old = upstream_dist_info(upstream.namelist())
     if f"{old}/{NOTICE}" in upstream.namelist():
         raise KilnError(f"the upstream wheel carries {old}/{NOTICE}; the fork's NOTICE would "
-                        "replace it: carry both (kiln/metadata.py)")
+                        "replace it: carry both (kiln/build/metadata.py)")
     files = {}
     for info in upstream.infolist():
         rel = info.filename[len(old) + 1:]

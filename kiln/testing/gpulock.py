@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.fetch import fetch_pinned, pip_download
-from kiln.lock import PinnedFile
+from kiln.upstream.fetch import fetch_pinned, pip_download
+from kiln.upstream.lock import PinnedFile
 from kiln.paths import REPO_ROOT
 from kiln.tomlfile import read_toml
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.pins import requirement_name
+from kiln.build.pins import requirement_name
 
 # The CPU torch on this machine's disk, for kiln's own tool venvs (the xgrammar suite).
 TORCH = "torch==2.13.0"

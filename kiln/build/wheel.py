@@ -3,7 +3,7 @@
 Upstream's compiled files are copied byte for byte; the series is applied to
 the Python files it touches; the ``vllm/`` overlay, ``kvarn/`` and ``specattn/`` are
 added inside the package, with the KVarN CUDA library where nvcc exists
-(``kiln.kvarncuda``); the version module, METADATA and RECORD are rewritten.
+(``kiln.build.kvarncuda``); the version module, METADATA and RECORD are rewritten.
 Entries carry one timestamp (SOURCE_DATE_EPOCH, else the HEAD commit's time),
 so two builds of one commit are byte-identical.
 """
@@ -25,18 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.atomic import remove_abandoned, replacing
-from kiln.csrc import build_csrc
+from kiln.build.csrc import build_csrc
 from kiln.errors import KilnError, naming
-from kiln.fetch import fetch
-from kiln.kvarncuda import build_kvarn_library
-from kiln.lock import UpstreamLock
-from kiln.metadata import dist_info_files, dist_info_name, fork_notice, upstream_dist_info
+from kiln.upstream.fetch import fetch
+from kiln.build.kvarncuda import build_kvarn_library
+from kiln.upstream.lock import UpstreamLock
+from kiln.build.metadata import dist_info_files, dist_info_name, fork_notice, upstream_dist_info
 from kiln.paths import REPO_ROOT
-from kiln.patching import apply_series
-from kiln.pins import PinChanges
-from kiln.series import Series, Topic, series_dir
+from kiln.series.patching import apply_series
+from kiln.build.pins import PinChanges
+from kiln.series.series import Series, Topic, series_dir
 from kiln.signals import uninterrupted
-from kiln.version import fork_version, version_tuple
+from kiln.build.version import fork_version, version_tuple
 
 # repo folder -> wheel folder
 OVERLAY_DIRS = (("vllm", "vllm"), ("kvarn", "vllm/kvarn"), ("specattn", "vllm/specattn"))

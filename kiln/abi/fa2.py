@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln import elf, opschema
+from kiln.abi import elf, opschema
 from kiln.errors import KilnError
-from kiln.lock import version_key
-from kiln.fetch import PristineFiles
-from kiln.opschema import Schema
+from kiln.upstream.lock import version_key
+from kiln.upstream.fetch import PristineFiles
+from kiln.abi.opschema import Schema
 from kiln.paths import REPO_ROOT
 
 FA2_DIR = REPO_ROOT / "fa2"

@@ -4,9 +4,9 @@ This file travels inside the bundle (src/kiln) and runs there with the machine's
 Python, before anything is installed: standard library only, torch imported only to
 read what the machine has.
 
-    python3 -m kiln.gpurun check BUNDLE MACHINE_JSON      refuse a machine it cannot run on
-    python3 -m kiln.gpurun install BUNDLE SITE            verify the bundle, lay out SITE
-    python3 -m kiln.gpurun summary BUNDLE MACHINE_JSON RESULTS STATUS START
+    python3 -m kiln.testing.gpurun check BUNDLE MACHINE_JSON      refuse a machine it cannot run on
+    python3 -m kiln.testing.gpurun install BUNDLE SITE            verify the bundle, lay out SITE
+    python3 -m kiln.testing.gpurun summary BUNDLE MACHINE_JSON RESULTS STATUS START
 
 A refusal (or a broken bundle) is one line on stderr and exit status 3.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kiln.errors import KilnError, naming
 
-# The bundle's layout, shared with kiln/gpubundle.py, which writes it.
+# The bundle's layout, shared with kiln/testing/gpubundle.py, which writes it.
 MANIFEST = "manifest.json"
 PYTHON_TREE = "vllm-python.tar.xz"
 COMPILED = "compiled"  # compiled/<path in the wheel>.xz
@@ -256,7 +256,7 @@ def summary(bundle: Path, machine_json: Path, results: Path, status: int, start:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m kiln.gpurun", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m kiln.testing.gpurun", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="step", required=True)
     step = sub.add_parser("check")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kiln.errors import naming
 from kiln.paths import REPO_ROOT
-from kiln.pristine import PristineTree
+from kiln.upstream.pristine import PristineTree
 
 SELECTION = (
     "tests/v1/core", "tests/v1/engine", "tests/config", "tests/utils_",

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from kiln.atomic import replacing
 from kiln.errors import KilnError
-from kiln.git import DIFF_OPTIONS, git, is_dirty, rebase_in_progress
-from kiln.patching import apply_topic
-from kiln.series import PATCH_NAME, SEPARATOR, Series, Topic, series_file_text
+from kiln.series.git import DIFF_OPTIONS, git, is_dirty, rebase_in_progress
+from kiln.series.patching import apply_topic
+from kiln.series.series import PATCH_NAME, SEPARATOR, Series, Topic, series_file_text
 
 
 def upstream_tag(version: str) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kiln.atomic import replacing
 from kiln.errors import naming
-from kiln.fetch import PristineFiles
+from kiln.upstream.fetch import PristineFiles
 from kiln.paths import cache_dir
 
 _SHOWN = 5

@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.fetch import (
+from kiln.upstream.fetch import (
     PristineFiles,
     download_from_index,
     fetch_pinned,
     index_files,
     index_url,
 )
-from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
 from kiln.paths import REPO_ROOT
-from kiln.pins import canonical, requirement_name
-from kiln.pristine import PristineTree
+from kiln.build.pins import canonical, requirement_name
+from kiln.upstream.pristine import PristineTree
 
 PROJECT = "vllm"
 CUDA_REQUIREMENTS = "requirements/cuda.txt"
@@ -202,7 +202,7 @@ def torch_dependents(root: Path, torch: str | None) -> list[str]:
     """What in the checkout at ``root`` is built or installed against upstream's torch.
     The KVarN CUDA library is not, while it includes no torch header (it is loaded with
     ctypes), nor are the fork's xgrammar wheels, while their build pins no torch."""
-    found = [f"the CPU test venv: kiln/testenv.py installs the wheel's own torch pin, so the next "
+    found = [f"the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
              f"`tests/run` makes a new venv with torch=={torch}",
              "the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, "
              f"now built against torch {torch}, to a machine that keeps its own torch; rebuild it "

@@ -34,7 +34,7 @@ cleanup() {
 trap cleanup EXIT
 # Bytecode goes under the prefix: the bundle's own files stay as the manifest lists them.
 export PYTHONPYCACHEPREFIX="$prefix/pycache"
-gpurun() { PYTHONPATH="$bundle/src" "$python" -m kiln.gpurun "$@"; }
+gpurun() { PYTHONPATH="$bundle/src" "$python" -m kiln.testing.gpurun "$@"; }
 
 gpurun check "$bundle" "$prefix/machine.json" || exit $?
 say "installing into $prefix"
