@@ -159,11 +159,11 @@ def test_the_python_tree_is_the_wheels_files_less_compiled_code_and_jit_headers(
 
 def test_the_sources_take_the_bundle_for_the_repository_root(bundle):
     src = bundle.path / "src"
-    for rel in ("kiln/__main__.py", "tests/e2e/data/corpus.txt", "bench", "kvarn/__init__.py",
+    for rel in ("kiln/__main__.py", "kiln/testing/tinymodel/corpus.txt", "bench", "kvarn/__init__.py",
                 "specattn/__init__.py", "pyproject.toml"):
         assert (src / rel).exists(), rel
     result = subprocess.run(
-        [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln import tinymodel; "
+        [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln.testing import tinymodel; "
          "print(REPO_ROOT); print(tinymodel.CORPUS.is_file())"],
         cwd=src, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import tinymodel
+from kiln.testing import tinymodel
 from kiln.errors import KilnError
 
 torch = pytest.importorskip("torch")

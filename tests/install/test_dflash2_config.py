@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import tinymodel
+from kiln.testing import tinymodel
 from kiln.errors import KilnError
 
 CHILD = Path(__file__).with_name("dflash2_child.py")
