@@ -184,13 +184,14 @@ def _entries(source: zipfile.ZipFile, replaced: dict[str, bytes | None],
 
 
 def build_wheel(out_dir: Path, *, version: str | None = None, root: Path = REPO_ROOT,
-                log=print) -> WheelBuild:
+                lock: UpstreamLock | None = None, log=print) -> WheelBuild:
     """The fork wheel for ``version`` (default: the lock's default): its pristine wheel
-    plus ``patches/<version>/`` plus the overlay."""
+    plus ``patches/<version>/`` plus the overlay. ``lock``: the root's lock, where the
+    caller has read it already."""
     started = time.monotonic()
-    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    lock = lock or UpstreamLock.load(root / "requirements" / "upstream.lock")
     release = lock.release(version)
-    series = Series.load(series_dir(release.version, root))
+    series = Series.load(series_dir(release.version, root, lock))
     problems = series.problems()
     if problems:
         raise KilnError("refusing to build: incomplete patch headers:\n  " + "\n  ".join(problems))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.cmdoptions import add_version_option, pinned_version
 from kiln.series.materialize import export
 from kiln.paths import REPO_ROOT
 

@@ -11,10 +11,10 @@ import argparse
 import time
 from pathlib import Path
 
+from kiln.cmdoptions import add_version_option
 from kiln.errors import KilnError
-from kiln.upstream.fetch import fetch
-from kiln.upstream.lock import add_version_option, pinned_version
 from kiln.testing.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
+from kiln.upstream.lock import UpstreamLock
 from kiln.upstream.pristine import PristineTree
 
 NAME = "peer-suite"
@@ -31,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    version = pinned_version(args.version)
+    lock = UpstreamLock.load()
+    version = lock.release(args.version).version
     if not args.python.exists():
         raise KilnError(f"{args.python}: no such interpreter")
-    pristine = PristineTree.from_files(fetch(version))
+    pristine = PristineTree.pinned(version, lock)  # the tests are in the sdist
     started = time.monotonic()
     result = run_peer_suite(args.python, pristine)
     minutes = (time.monotonic() - started) / 60

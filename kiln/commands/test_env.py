@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.upstream.lock import add_version_option, pinned_version
+from kiln.cmdoptions import add_version_option, pinned_version
 from kiln.testing.testenv import fork_venv, test_venv, upstream_version
 from kiln.build.xgrammar import wheel_for_python
 

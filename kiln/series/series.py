@@ -157,12 +157,13 @@ class Series:
         raise KilnError(f"no topic {name!r}; topics: {', '.join(t.name for t in self.topics)}")
 
 
-def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
+def series_dir(version: str | None = None, root: Path = REPO_ROOT,
+               lock: UpstreamLock | None = None) -> Path:
     """``patches/<version>/``: the series cut against that upstream pin (default: the
     lock's default). Each carried pin has its own folder, so every command reads the
-    series of the pin it is asked about and none is left unread."""
-
-    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    series of the pin it is asked about and none is left unread. ``lock``: the root's
+    lock, where the caller has read it already."""
+    lock = lock or _root_lock(root)
     version = version or lock.default
     path = root / "patches" / version
     if version not in lock.releases:
@@ -170,23 +171,27 @@ def series_dir(version: str | None = None, root: Path = REPO_ROOT) -> Path:
             raise _unpinned_series(path, lock)
         lock.release(version)  # refuses, naming the pinned versions
     if not (path / "series").is_file():
-        carried = ", ".join(carried_versions(root)) or "none"
+        carried = ", ".join(carried_versions(root, lock)) or "none"
         raise KilnError(f"no series for vLLM {version}: {path / 'series'} does not exist "
                         f"(carried pins: {carried})")
     return path
 
 
-def carried_versions(root: Path = REPO_ROOT) -> list[str]:
+def carried_versions(root: Path = REPO_ROOT, lock: UpstreamLock | None = None) -> list[str]:
     """Every pin with a series folder under ``patches/``, oldest first; a folder for a
     version the lock does not pin is refused."""
     folders = sorted((p for p in (root / "patches").iterdir()
                       if VERSION_DIR.match(p.name) and (p / "series").is_file()),
                      key=lambda p: version_key(p.name))
-    lock = UpstreamLock.load(root / "requirements" / "upstream.lock")
+    lock = lock or _root_lock(root)
     for folder in folders:
         if folder.name not in lock.releases:
             raise _unpinned_series(folder, lock)
     return [p.name for p in folders]
+
+
+def _root_lock(root: Path) -> UpstreamLock:
+    return UpstreamLock.load(root / "requirements" / "upstream.lock")
 
 
 def _unpinned_series(folder: Path, lock: UpstreamLock) -> KilnError:

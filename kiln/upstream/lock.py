@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,19 +101,3 @@ class UpstreamLock:
                 f"(pinned: {known}); pin it with `python -m kiln pin-bump --to {version}`"
             )
         return self.releases[version]
-
-
-def add_version_option(parser: argparse.ArgumentParser, help: str, *, repeat: bool = False) -> None:
-    """``--version V``: an upstream pin, the one option every command that takes a pin
-    declares (``repeat``: a list in ``args.versions``). Check it with ``pinned_version``
-    before any work, so a pin the lock lacks is refused before anything is fetched."""
-    if repeat:
-        parser.add_argument("--version", action="append", dest="versions", metavar="VERSION", help=help)
-    else:
-        parser.add_argument("--version", metavar="VERSION", help=help)
-
-
-def pinned_version(version: str | None, lock_path: Path = LOCK_PATH) -> str:
-    """``version`` (None: the lock's default) when the lock pins it; otherwise one error
-    line that names the pinned versions."""
-    return UpstreamLock.load(lock_path).release(version).version

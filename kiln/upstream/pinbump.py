@@ -13,16 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.upstream.fetch import (
-    PristineFiles,
-    download_from_index,
-    fetch_pinned,
-    index_files,
-    index_url,
-)
-from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
-from kiln.paths import REPO_ROOT
 from kiln.build.pins import canonical, requirement_name
+from kiln.paths import REPO_ROOT
+from kiln.upstream.fetch import index_files, index_url
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key
 from kiln.upstream.pristine import PristineTree
 
 PROJECT = "vllm"
@@ -79,16 +73,6 @@ def comment_header(text: str) -> str:
             break
         lines.append(line)
     return "\n".join(lines)
-
-
-def sdist_tree(version: str, lock: UpstreamLock) -> Path:
-    """The pinned sdist of ``version``, downloaded if missing, hash-checked, unpacked once."""
-    release = lock.release(version)
-    pin = release.sdist
-    sdist = fetch_pinned(pin, lambda dest: download_from_index(pin, dest), lambda _: None,
-                         f"{lock.path} (vLLM {version})")
-    # Only the sdist is read; the wheel field is never used by from_files.
-    return PristineTree.from_files(PristineFiles(release=release, wheel=Path(), sdist=sdist)).root
 
 
 # --- upstream's requirements and the fork's pins ---------------------------
@@ -250,8 +234,8 @@ def pin_bump(version: str, *, lock_path: Path, pins_path: Path, make_default: bo
     releases[version] = release
     new_lock = UpstreamLock(default=version if make_default else lock.default, releases=releases,
                             path=lock_path)
-    old_tree = sdist_tree(lock.default, lock)
-    new_tree = sdist_tree(version, new_lock)
+    old_tree = PristineTree.pinned(lock.default, lock).root
+    new_tree = PristineTree.pinned(version, new_lock).root
     old_pins, new_pins = cuda_pins(old_tree), cuda_pins(new_tree)
     pins_text = pins_path.read_text() if pins_path.exists() else ""
     update = update_fork_pins(pins_text, old_pins, new_pins)

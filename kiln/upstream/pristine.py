@@ -27,8 +27,9 @@ from pathlib import Path
 
 from kiln.atomic import replacing
 from kiln.errors import naming
-from kiln.upstream.fetch import PristineFiles
 from kiln.paths import cache_dir
+from kiln.upstream.fetch import PristineFiles, download_from_index, fetch_pinned
+from kiln.upstream.lock import UpstreamLock
 
 _SHOWN = 5
 # Format 2 records folders too; a tree recorded in an older format is checked as one
@@ -65,14 +66,29 @@ def _differences(expected: dict[str, str], found: dict[str, str]) -> list[str]:
     return sorted(p for p in set(expected) | set(found) if expected.get(p) != found.get(p))
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 @dataclass(frozen=True)
 class PristineTree:
     version: str
     root: Path
 
     @classmethod
-    def from_files(cls, files: PristineFiles,
-                   log=lambda m: print(m, file=sys.stderr)) -> PristineTree:
+    def pinned(cls, version: str | None, lock: UpstreamLock, log=_stderr) -> PristineTree:
+        """The tree of ``version`` (None: the lock's default) from its pinned sdist alone,
+        downloaded if the cache lacks it: every command that reads only source comes
+        here, and none fetches the wheel it would not read."""
+        release = lock.release(version)
+        pin = release.sdist
+        sdist = fetch_pinned(pin, lambda dest: download_from_index(pin, dest), log,
+                             f"{lock.path} (vLLM {release.version})")
+        # from_files reads only the sdist; no wheel was fetched.
+        return cls.from_files(PristineFiles(release=release, wheel=Path(), sdist=sdist), log)
+
+    @classmethod
+    def from_files(cls, files: PristineFiles, log=_stderr) -> PristineTree:
         pin = files.release.sdist
         target = cache_dir() / "trees" / f"vllm-{files.release.version}-{pin.sha256[:12]}"
         manifest = target.with_name(target.name + ".manifest.json")
