@@ -7,12 +7,12 @@ import re
 import zipfile
 from pathlib import Path
 
-from kiln.errors import KilnError, naming
-from kiln.upstream.fetch import fetch
-from kiln.upstream.lock import UpstreamLock
-from kiln.paths import REPO_ROOT
 from kiln.build.pins import PinChanges
 from kiln.build.version import fork_version
+from kiln.errors import KilnError, naming
+from kiln.paths import REPO_ROOT
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
 
 PACKAGE = "vllm"
 # Beside upstream's licenses/LICENSE, in the folder PEP 639 gives license files.

@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 
 from kiln.cmdoptions import add_version_option, pinned_version
-from kiln.series.materialize import export
 from kiln.paths import REPO_ROOT
+from kiln.series.materialize import export
 
 NAME = "export"
 HELP = "rewrite patches/<version>/ from a materialized branch"

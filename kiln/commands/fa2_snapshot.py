@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.abi.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
 from kiln.cmdoptions import add_version_option
 from kiln.errors import naming
-from kiln.abi.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
 from kiln.upstream.fetch import fetch
 
 NAME = "fa2-snapshot"

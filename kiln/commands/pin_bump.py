@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.upstream.lock import LOCK_PATH
 from kiln.paths import REPO_ROOT
+from kiln.upstream.lock import LOCK_PATH
 from kiln.upstream.pinbump import pin_bump
 
 NAME = "pin-bump"

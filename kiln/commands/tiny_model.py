@@ -136,8 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
-    from kiln.testing import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     overrides = {}
     for _, field, _ in _SIZE_FLAGS:
@@ -160,8 +160,8 @@ def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
 
 
 def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpec
-    from kiln.testing import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     if args.target is None:
         raise KilnError("--dflash2-drafter needs --target DIR (the target model's folder)")
@@ -188,8 +188,8 @@ def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpe
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.testing import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     if args.dflash2_drafter:
         out = tinymodel.build_dflash2_drafter(args.target, out=args.out,

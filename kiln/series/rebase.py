@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kiln.series.diff import parse_diff
 from kiln.errors import KilnError, naming
+from kiln.series.diff import parse_diff
 from kiln.series.git import DIFF_OPTIONS, git, git_env, is_dirty, rebase_in_progress
 from kiln.series.materialize import fork_branch, upstream_tag
 from kiln.series.series import SEPARATOR, Topic

@@ -22,11 +22,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.series.diff import FileDiff, parse_diff
 from kiln.errors import KilnError
-from kiln.upstream.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
+from kiln.series.diff import FileDiff, parse_diff
 from kiln.textfile import read_utf8
+from kiln.upstream.lock import UpstreamLock, version_key
 
 HEADER_FIELDS = ("Topic", "Kind", "What", "Upstream", "Cut-against", "Retires-when")
 KINDS = ("fix", "feature", "backport", "own", "local")

@@ -6,16 +6,16 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.errors import KilnError
 from kiln.abi.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
+from kiln.build.wheel import check_topic_paths, overlay_files
+from kiln.errors import KilnError
+from kiln.paths import REPO_ROOT
 from kiln.series.git import git
 from kiln.series.materialize import export, fork_branch, materialize
 from kiln.series.patching import PatchFailed, apply_series_into
-from kiln.paths import REPO_ROOT
-from kiln.upstream.pristine import PristineTree
 from kiln.series.series import Series
 from kiln.series.treediff import differing_files
-from kiln.build.wheel import check_topic_paths, overlay_files
+from kiln.upstream.pristine import PristineTree
 
 
 @dataclass

@@ -38,14 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.abi import fatbin
-from kiln.errors import KilnError, naming
-from kiln.upstream.fetch import sha256_of
-from kiln.testing.gpulock import LOCK_PATH, GpuBundleLock
-from kiln.testing.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS, WHEELS
 from kiln.build.metadata import upstream_dist_info
-from kiln.paths import REPO_ROOT, cache_dir
 from kiln.build.wheel import build_wheel
 from kiln.build.xgrammar import XgrammarLock, find_pythons, fork_wheel, load_series, wheel_for_python
+from kiln.errors import KilnError, naming
+from kiln.paths import REPO_ROOT, cache_dir
+from kiln.testing.gpulock import LOCK_PATH, GpuBundleLock
+from kiln.testing.gpurun import COMPILED, MANIFEST, PYTHON_TREE, RUN, SOURCES, STANDINS, WHEELS
+from kiln.upstream.fetch import sha256_of
 
 ALLOWED_ARCHS = (80, 86, 89, 90)
 DEFAULT_ARCHS = (90,)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.upstream.fetch import fetch_pinned, pip_download
-from kiln.upstream.lock import PinnedFile
 from kiln.paths import REPO_ROOT
 from kiln.tomlfile import read_toml
+from kiln.upstream.fetch import fetch_pinned, pip_download
+from kiln.upstream.lock import PinnedFile
 
 LOCK_PATH = REPO_ROOT / "requirements" / "gpu-bundle.lock"
 

@@ -20,9 +20,9 @@ import time
 import zipfile
 from pathlib import Path
 
+from kiln.build.pins import requirement_name
 from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.build.pins import requirement_name
 
 # The CPU torch on this machine's disk, for kiln's own tool venvs (the xgrammar suite).
 TORCH = "torch==2.13.0"

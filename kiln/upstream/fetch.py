@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError, naming
-from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease
 from kiln.paths import cache_dir
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease
 
 ATTEMPTS = 3
 BACKOFF_SECONDS = 2.0

@@ -12,8 +12,8 @@ import urllib.error
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.errors import KilnError
 from kiln.build.pins import canonical, requirement_name
+from kiln.errors import KilnError
 from kiln.paths import REPO_ROOT
 from kiln.upstream.fetch import index_files, index_url
 from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease, version_key

@@ -25,13 +25,13 @@ from packaging.utils import canonicalize_name
 
 import kiln.upstream.fetch
 from kiln.abi import fatbin
+from kiln.build.xgrammar import XgrammarLock, build_xgrammar, find_pythons
 from kiln.cli import main
 from kiln.errors import KilnError
 from kiln.testing.gpubundle import (BUILT_WITH_NVCC, CARRIED, SIZE_LIMIT, STANDIN_MODULES,
-                            build_gpu_bundle)
+                                    build_gpu_bundle)
 from kiln.testing.gpulock import LOCK_PATH, GpuBundleLock
 from kiln.testing.gpurun import gpu_visible
-from kiln.build.xgrammar import XgrammarLock, build_xgrammar, find_pythons
 
 C_OPS = "vllm/_C_stable_libtorch.abi3.so"
 

@@ -15,8 +15,8 @@ import pytest
 
 from kiln.abi import fatbin
 from kiln.build.kvarncuda import SOURCE, WHEEL_PATH, build_kvarn_library, cuda_build
-from kiln.paths import REPO_ROOT
 from kiln.build.wheel import build_wheel
+from kiln.paths import REPO_ROOT
 
 BUILD = cuda_build(REPO_ROOT)
 needs_nvcc = pytest.mark.skipif(BUILD.find_nvcc() is None,

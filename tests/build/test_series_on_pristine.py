@@ -4,12 +4,12 @@ import zipfile
 
 import pytest
 
-from kiln.upstream.fetch import fetch
-from kiln.upstream.lock import UpstreamLock
 from kiln.series.patching import apply_series_into
-from kiln.upstream.pristine import PristineTree
 from kiln.series.series import Series, carried_versions, series_dir
 from kiln.series.verify import verify
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 VERSIONS = carried_versions()
 

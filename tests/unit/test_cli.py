@@ -6,8 +6,8 @@ import pytest
 
 import kiln.upstream.fetch
 from kiln.cli import build_parser, main
-from kiln.upstream.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
+from kiln.upstream.lock import UpstreamLock, version_key
 
 COMMANDS = ["apply", "build", "build-xgrammar", "export", "fetch", "gpu-bundle", "materialize",
             "peer-suite", "pin-bump", "port-check", "rebase", "test-env", "tiny-model", "topics",

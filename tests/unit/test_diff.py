@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from kiln.series.diff import parse_diff
 from kiln.errors import KilnError
+from kiln.series.diff import parse_diff
 from kiln.series.series import Series
 
 TRICKY = """\

@@ -16,9 +16,9 @@ import pytest
 from kiln.abi import fa2, opschema
 from kiln.cli import main
 from kiln.errors import KilnError
+from kiln.paths import REPO_ROOT
 from kiln.upstream.fetch import fetch
 from kiln.upstream.lock import UpstreamLock
-from kiln.paths import REPO_ROOT
 from kiln.upstream.pristine import PristineTree
 
 VERSION = UpstreamLock.load().default

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.pins import canonical
 from kiln.errors import KilnError
 from kiln.testing.gpubundle import (build_gpu_bundle, bundle_xgrammar, check_budget, glibc_needed,
-                            parse_archs, platform_tags)
+                                    parse_archs, platform_tags)
 from kiln.testing.gpulock import GpuBundleLock
-from kiln.build.pins import canonical
 
 
 @pytest.mark.parametrize("values, archs", [

@@ -14,17 +14,17 @@ import pytest
 
 pytest.importorskip("griffe")
 
+from kiln.build.wheel import OVERLAY_DIRS  # noqa: E402
 from kiln.cli import main  # noqa: E402
 from kiln.commands.port_check import BLIND_SPOT  # noqa: E402
-from kiln.upstream.lock import UpstreamLock  # noqa: E402
 from kiln.paths import REPO_ROOT, cache_dir  # noqa: E402
-from kiln.upstream.pristine import PristineTree  # noqa: E402
 from kiln.portcheck import port_check  # noqa: E402
 from kiln.portcheck.apimodel import ApiModel  # noqa: E402
 from kiln.portcheck.mirrors import mirrors_in  # noqa: E402
 from kiln.portcheck.units import overlay_units  # noqa: E402
 from kiln.series.series import Series  # noqa: E402
-from kiln.build.wheel import OVERLAY_DIRS  # noqa: E402
+from kiln.upstream.lock import UpstreamLock  # noqa: E402
+from kiln.upstream.pristine import PristineTree  # noqa: E402
 
 BEFORE_034 = "017237f"  # main before the 0.34.0 work
 PREWARM = "vllm/fork/dflash_prewarm.py"

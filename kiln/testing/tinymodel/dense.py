@@ -14,6 +14,7 @@ from kiln.testing.tinymodel.spec import TinySpec
 from kiln.testing.tinymodel.tensors import Entry, tensor_seed, torch_dtype
 from kiln.testing.tinymodel.tokenizer import END_OF_TEXT, IM_END
 
+
 def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
     vocab = tokenizer.get_vocab_size()
     common: dict[str, Any] = dict(
