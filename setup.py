@@ -1,6 +1,6 @@
 """PEP 517 entry for `pip wheel .` and `python -m build --wheel`.
 
-Both end in kiln's own wheel builder (kiln/wheel.py), so they write the same
+Both end in kiln's own wheel builder (kiln/build/wheel.py), so they write the same
 bytes as `python -m kiln build`. Metadata comes from the same code, so what
 pip resolves before the build is what the wheel declares.
 """
@@ -20,10 +20,10 @@ sys.path.insert(0, str(ROOT))
 EGG_BASE = ROOT / "build" / "egg-info"
 EGG_BASE.mkdir(parents=True, exist_ok=True)
 
-from kiln.metadata import write_dist_info  # noqa: E402
-from kiln.lock import UpstreamLock  # noqa: E402
-from kiln.version import fork_version  # noqa: E402
-from kiln.wheel import build_wheel  # noqa: E402
+from kiln.build.metadata import write_dist_info  # noqa: E402
+from kiln.upstream.lock import UpstreamLock  # noqa: E402
+from kiln.build.version import fork_version  # noqa: E402
+from kiln.build.wheel import build_wheel  # noqa: E402
 
 
 class KilnWheel(bdist_wheel):

@@ -32,8 +32,8 @@ XZ_PRESET = 1  # 16 MB in 7 s on the CPU box; preset 6 saves 4 MB for 30 s more
 def extract(folder: Path, version: str = "0.33.0", log=print) -> Path:
     """folder/version/ <- the FA3 library of the pinned upstream wheel (fetched into
     kiln's cache when missing), xz-compressed, and a manifest of its raw sha256."""
-    from kiln.fetch import download_from_index, fetch_pinned
-    from kiln.lock import UpstreamLock
+    from kiln.upstream.fetch import download_from_index, fetch_pinned
+    from kiln.upstream.lock import UpstreamLock
 
     release = UpstreamLock.load().release(version)
     wheel = fetch_pinned(release.wheel, lambda d: download_from_index(release.wheel, d), log)

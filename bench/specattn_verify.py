@@ -69,8 +69,8 @@ def extract_upstream(folder: Path, version: str = "0.33.0") -> Path:
     (kiln's cache; downloaded if missing) into folder/version/."""
     import tarfile
 
-    from kiln.fetch import download_from_index, fetch_pinned
-    from kiln.lock import UpstreamLock
+    from kiln.upstream.fetch import download_from_index, fetch_pinned
+    from kiln.upstream.lock import UpstreamLock
 
     release = UpstreamLock.load().release(version)
     sdist = fetch_pinned(release.sdist, lambda d: download_from_index(release.sdist, d), print)

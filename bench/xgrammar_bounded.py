@@ -20,7 +20,7 @@ Targets, checked and reported (exit status 1 when one is missed):
     python bench/xgrammar_bounded.py [--tokens 200] [--rounds 3] [--trials 3] [--rebuilt]
                                      [--case NAME ...] [--json out.json]
 
-Builds (or reuses) the wheels through kiln/xgrammar.py.
+Builds (or reuses) the wheels through kiln/build/xgrammar.py.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(REPO_ROOT))
-    from kiln.xgrammar import xgrammar_envs
+    from kiln.build.xgrammar import xgrammar_envs
 
     envs = xgrammar_envs(log=lambda m: print(m, file=sys.stderr, flush=True),
                          rebuilt=args.rebuilt)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 # kvarn is this package's sibling: both are top-level packages in the repository (where
-# the tests import them) and vllm.kvarn, vllm.specattn in the wheel (kiln/wheel.py).
+# the tests import them) and vllm.kvarn, vllm.specattn in the wheel (kiln/build/wheel.py).
 if __name__.startswith("vllm."):
     from ..kvarn.hadamard import sylvester
 else:

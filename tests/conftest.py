@@ -28,14 +28,14 @@ def upstream_version(fork_wheel) -> str:
 
 @pytest.fixture(scope="session")
 def pristine_files(upstream_version):
-    from kiln.fetch import fetch
+    from kiln.upstream.fetch import fetch
 
     return fetch(upstream_version, log=lambda _: None)
 
 
 @pytest.fixture(scope="session")
 def pristine_tree(pristine_files):
-    from kiln.pristine import PristineTree
+    from kiln.upstream.pristine import PristineTree
 
     return PristineTree.from_files(pristine_files)
 

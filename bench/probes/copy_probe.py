@@ -6,7 +6,7 @@ N times (later ones hit the prefix cache); any answer that differs from the
 first counts as broken. `copied_prefix_chars` says how far the output follows
 the document, which only a trained model does.
 
-    python bench/probes/copy_probe.py --doc tests/e2e/data/corpus.txt
+    python bench/probes/copy_probe.py --doc kiln/testing/tinymodel/corpus.txt
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from probe_common import add_endpoint_args, emit, endpoint_from, run_probe
 
-DEFAULT_DOC = Path(__file__).resolve().parents[2] / "tests" / "e2e" / "data" / "corpus.txt"
+DEFAULT_DOC = Path(__file__).resolve().parents[2] / "kiln" / "testing" / "tinymodel" / "corpus.txt"
 INSTRUCTION = "Copy the following text exactly, with nothing added.\n\n"
 
 

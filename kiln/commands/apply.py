@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.patching import apply_series_into
-from kiln.pristine import PristineTree
-from kiln.series import Series, series_dir
+from kiln.cmdoptions import add_version_option
+from kiln.series.patching import apply_series_into
+from kiln.series.pinned import PinnedSeries
 
 NAME = "apply"
 HELP = "pristine upstream + the series, into a new folder"
@@ -26,14 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    pristine = PristineTree.from_files(fetch(pinned_version(args.version)))
-    series = Series.load(series_dir(pristine.version))
+    pin = PinnedSeries.load(args.version)
 
     def progress(topic, offsets):
         print(f"applied {topic.name}")
         for offset in offsets:
             print(f"  {offset}")
 
-    apply_series_into(pristine.root, series, args.into, on_topic=progress)
-    print(f"{len(series.topics)} topic(s) applied to vLLM {pristine.version} in {args.into}")
+    apply_series_into(pin.pristine.root, pin.series, args.into, on_topic=progress)
+    print(f"{len(pin.series.topics)} topic(s) applied to vLLM {pin.version} in {args.into}")
     return 0

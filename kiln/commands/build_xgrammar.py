@@ -16,19 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from kiln.paths import REPO_ROOT
-from kiln.xgrammar import PYTHONS, XgrammarBuild, build_xgrammar, find_pythons, parse_pythons
+from kiln.build.xgrammar import PYTHONS, XgrammarBuild, build_xgrammar, find_pythons, parse_pythons
+from kiln.cmdoptions import add_dist_option, add_python_option
 
 NAME = "build-xgrammar"
 HELP = "build the fork's xgrammar wheels (0.2.8 + patches/xgrammar/) into dist/"
-
-
-def add_python_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", action="append", metavar="X.Y",
-                        help="build the xgrammar wheel only for these Pythons, repeatable or "
-                        f"comma-separated: {', '.join(PYTHONS)} (default: all)")
 
 
 def report(builds: list[XgrammarBuild]) -> None:
@@ -39,9 +32,8 @@ def report(builds: list[XgrammarBuild]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "dist",
-                        help="output folder (default: dist/)")
-    add_python_argument(parser)
+    add_dist_option(parser)
+    add_python_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

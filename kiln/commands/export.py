@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.lock import add_version_option, pinned_version
-from kiln.materialize import export
+from kiln.cmdoptions import add_version_option, pinned_version
 from kiln.paths import REPO_ROOT
+from kiln.series.materialize import export
 
 NAME = "export"
 HELP = "rewrite patches/<version>/ from a materialized branch"

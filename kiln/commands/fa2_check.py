@@ -17,12 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
-from kiln.lock import UpstreamLock, add_version_option, pinned_version
-from kiln.patching import apply_series_into
+from kiln.abi.fa2 import FORK_SCAN, UPSTREAM_SCAN, Snapshot, check_calls
+from kiln.cmdoptions import add_version_option
 from kiln.paths import REPO_ROOT
-from kiln.pinbump import sdist_tree
-from kiln.series import Series
+from kiln.series.patching import apply_series_into
+from kiln.series.series import Series
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 NAME = "fa2-check"
 HELP = "check that every call into the compiled attention ops binds to its pinned schema"
@@ -36,13 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    version = pinned_version(args.version)
+    lock = UpstreamLock.load()
+    version = lock.release(args.version).version
     snapshot = Snapshot.load(version)
     fork = (REPO_ROOT, FORK_SCAN)
     if args.tree:
         report = check_calls([(args.tree, UPSTREAM_SCAN), fork], snapshot)
     else:
-        pristine = sdist_tree(version, UpstreamLock.load())  # the source is all it reads
+        pristine = PristineTree.pinned(version, lock).root  # the source is all it reads
         series = REPO_ROOT / "patches" / version
         if not (series / "series").is_file():
             print(f"no series in {series.relative_to(REPO_ROOT)}/ yet: checking pristine vLLM {version}")

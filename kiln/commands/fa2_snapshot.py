@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.abi.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
+from kiln.cmdoptions import add_version_option
 from kiln.errors import naming
-from kiln.fa2 import PIN_PATH, extract, flash_attention_pin, snapshot_path, write_pin
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
+from kiln.upstream.fetch import fetch
 
 NAME = "fa2-snapshot"
 HELP = "extract the pinned wheel's attention op schemas into fa2/schemas/ and fa2/PIN"
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    files = fetch(pinned_version(args.version))
+    files = fetch(args.version)
     snapshot = extract(files)
     path = snapshot_path(snapshot.version)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
+from kiln.cmdoptions import add_version_option
+from kiln.upstream.fetch import fetch
 
 NAME = "fetch"
 HELP = "download and verify the pristine upstream wheel and sdist"
@@ -20,6 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    files = fetch(pinned_version(args.version))
+    files = fetch(args.version)
     print(f"wheel: {files.wheel}\nsdist: {files.sdist}")
     return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.gpubundle import ALLOWED_ARCHS, CARRIED, build_gpu_bundle, mib, parse_archs
+from kiln.testing.gpubundle import ALLOWED_ARCHS, CARRIED, build_gpu_bundle, mib, parse_archs
 
 NAME = "gpu-bundle"
 HELP = "write an offline bundle that runs the GPU test tier on a GPU machine (DIR/run RESULTS)"

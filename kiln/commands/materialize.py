@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.materialize import fork_branch, materialize
-from kiln.pristine import PristineTree
-from kiln.series import Series, series_dir
+from kiln.cmdoptions import add_version_option
+from kiln.series.materialize import fork_branch, materialize
+from kiln.series.pinned import PinnedSeries
 
 NAME = "materialize"
 HELP = "git repository: pristine tag + one commit per topic"
@@ -27,9 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    pristine = PristineTree.from_files(fetch(pinned_version(args.version)))
-    series = Series.load(series_dir(pristine.version))
-    print(f"materializing vLLM {pristine.version} + {len(series.topics)} topic(s) in {args.into}")
-    materialize(pristine.root, pristine.version, series, args.into)
-    print(f"branch {fork_branch(pristine.version)} ready in {args.into}")
+    pin = PinnedSeries.load(args.version)
+    print(f"materializing vLLM {pin.version} + {len(pin.series.topics)} topic(s) in {args.into}")
+    materialize(pin.pristine.root, pin.version, pin.series, args.into)
+    print(f"branch {fork_branch(pin.version)} ready in {args.into}")
     return 0

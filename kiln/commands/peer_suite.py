@@ -11,11 +11,11 @@ import argparse
 import time
 from pathlib import Path
 
+from kiln.cmdoptions import add_version_option
 from kiln.errors import KilnError
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
-from kiln.pristine import PristineTree
+from kiln.testing.peer import SELECTION, read_baseline, regressions, run_peer_suite, write_baseline
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 NAME = "peer-suite"
 HELP = "upstream's CPU tests against an installed vllm, compared with the baseline"
@@ -31,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    version = pinned_version(args.version)
+    lock = UpstreamLock.load()
+    version = lock.release(args.version).version
     if not args.python.exists():
         raise KilnError(f"{args.python}: no such interpreter")
-    pristine = PristineTree.from_files(fetch(version))
+    pristine = PristineTree.pinned(version, lock)  # the tests are in the sdist
     started = time.monotonic()
     result = run_peer_suite(args.python, pristine)
     minutes = (time.monotonic() - started) / 60

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.lock import LOCK_PATH
 from kiln.paths import REPO_ROOT
-from kiln.pinbump import pin_bump
+from kiln.upstream.lock import LOCK_PATH
+from kiln.upstream.pinbump import pin_bump
 
 NAME = "pin-bump"
 HELP = "pin a new upstream version (files + sha256 from the registry) and move the fork's pins"

@@ -42,14 +42,14 @@ import argparse
 import json
 from pathlib import Path
 
+from kiln.build.wheel import OVERLAY_DIRS
 from kiln.errors import naming
-from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT, cache_dir
-from kiln.pinbump import sdist_tree
 from kiln.portcheck import port_check
 from kiln.portcheck.accept import judge, load_acceptances
-from kiln.series import Series, series_dir
-from kiln.wheel import OVERLAY_DIRS
+from kiln.series.pinned import PinnedSeries
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 NAME = "port-check"
 HELP = "find what moving the series to a new upstream breaks (names, signatures, overrides, enums, mirrors, drift)"
@@ -71,18 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     lock = UpstreamLock.load()
-    old_version = lock.release(args.old).version
-    lock.release(args.new)  # both pinned before either is fetched
-    old, new = sdist_tree(old_version, lock), sdist_tree(args.new, lock)
-    series = Series.load(args.patches or series_dir(old_version))
+    for version in (args.old, args.new):  # both pinned before either is fetched
+        lock.release(version)
+    old = PinnedSeries.load(args.old, lock=lock, patches=args.patches)
+    new = PristineTree.pinned(args.new, lock)
     overlays = [(REPO_ROOT / folder, target.replace("/", ".")) for folder, target in OVERLAY_DIRS]
-    findings = port_check(old, old_version, new, args.new, series, overlays, cache_dir() / "portcheck")
+    findings = port_check(old.pristine.root, old.version, new.root, args.new, old.series, overlays,
+                          cache_dir() / "portcheck")
     acceptances = load_acceptances(args.accept, args.new) if args.accept else []
     verdict = judge(findings, acceptances)
     if args.json:
         with naming(args.json):
             args.json.write_text(json.dumps([f.to_json() for f in findings], indent=2) + "\n")
-    print(f"port-check {old_version} -> {args.new}: {len(series.topics)} topic(s), "
+    print(f"port-check {old.version} -> {args.new}: {len(old.series.topics)} topic(s), "
           f"{len(findings)} finding(s), {len(verdict.accepted)} accepted, {len(verdict.open)} open")
     for finding in verdict.open:
         print(f"\n[{finding.kind}] {finding.topic}: {finding.where}\n  {finding.detail}")

@@ -21,11 +21,11 @@ import argparse
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock
-from kiln.materialize import materialize
-from kiln.pinbump import sdist_tree
-from kiln.rebase import RebaseReport, resume, start, state_dir
-from kiln.series import Series, series_dir
+from kiln.series.materialize import materialize
+from kiln.series.pinned import PinnedSeries
+from kiln.series.rebase import RebaseReport, resume, start, state_dir
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 NAME = "rebase"
 HELP = "rebase the series onto a new upstream version; record every stop"
@@ -49,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
         old = args.old or lock.default
         if args.onto == old:
             raise KilnError(f"--onto {args.onto} is the version the series is already on; name a newer one")
-        new_tree = sdist_tree(args.onto, lock)
+        new_tree = PristineTree.pinned(args.onto, lock).root
         if not args.repo.exists():
             print(f"materializing the series at {old} in {args.repo}")
-            materialize(sdist_tree(old, lock), old, Series.load(args.patches or series_dir(old)), args.repo)
+            pin = PinnedSeries.load(old, lock=lock, patches=args.patches)
+            materialize(pin.pristine.root, pin.version, pin.series, args.repo)
         report = start(args.repo, old, args.onto, new_tree)
     else:
         report = resume(args.repo, skip=args.skip)

@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from kiln.build.xgrammar import wheel_for_python
+from kiln.cmdoptions import add_version_option, pinned_version
 from kiln.errors import KilnError
-from kiln.lock import add_version_option, pinned_version
-from kiln.testenv import fork_venv, test_venv, upstream_version
-from kiln.xgrammar import wheel_for_python
+from kiln.testing.testenv import fork_venv, test_venv, upstream_version
 
 NAME = "test-env"
 HELP = "the cached test virtualenv, with the given wheel installed"

@@ -17,9 +17,9 @@ d64, d128 and large draw weights with --init seeded.
 --copy makes a copying model instead of random weights: the greedy next token
 at position p is the token at p + 1 - P (P = --copy-period), fetched through
 attention from the KV-cache row P - 1 back, so a period of P tokens repeated
-(kiln.tinymodel.copy_prompt) continues exactly (copy_continuation). q and k
-are constant per head; RoPE phases and the q/k norm weights make the key P - 1
-back win by >= 20 nats over every other key within --max-positions (the
+(kiln.testing.tinymodel.copy_prompt) continues exactly (copy_continuation). q
+and k are constant per head; RoPE phases and the q/k norm weights make the key
+P - 1 back win by >= 20 nats over every other key within --max-positions (the
 build refuses a shape where it would not); values carry a +/-1 code per token
 that the untied lm_head reads. It stays exact with key noise ~0.1 and value
 noise ~0.5 (relative), as a 4-bit/2-bit KV cache adds.
@@ -68,7 +68,7 @@ _DRAFTER_FLAGS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
 
     parser.add_argument(
         "--out",
@@ -136,8 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
-    from kiln import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     overrides = {}
     for _, field, _ in _SIZE_FLAGS:
@@ -160,8 +160,8 @@ def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
 
 
 def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpec
-    from kiln import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     if args.target is None:
         raise KilnError("--dflash2-drafter needs --target DIR (the target model's folder)")
@@ -188,8 +188,8 @@ def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpe
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln import tinymodel
     from kiln.errors import KilnError
+    from kiln.testing import tinymodel
 
     if args.dflash2_drafter:
         out = tinymodel.build_dflash2_drafter(args.target, out=args.out,

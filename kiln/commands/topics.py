@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.cmdoptions import add_version_option
 from kiln.errors import KilnError, naming
 from kiln.paths import REPO_ROOT
-from kiln.lock import UpstreamLock, add_version_option, pinned_version
-from kiln.series import Series, series_dir
-from kiln.topics import topics_table, update_readme
+from kiln.series.series import Series, series_dir
+from kiln.series.topics import topics_table, update_readme
+from kiln.upstream.lock import UpstreamLock
 
 NAME = "topics"
 HELP = "the carried topics as a Markdown table"
@@ -21,12 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    default = UpstreamLock.load().default
-    series = Series.load(series_dir(pinned_version(args.version)))
+    lock = UpstreamLock.load()
+    series = Series.load(series_dir(args.version, lock=lock))  # refuses a pin the lock lacks
     if args.update_readme:
-        if args.version not in (None, default):
+        if args.version not in (None, lock.default):
             raise KilnError(f"--update-readme: README.md lists the default pin's topics "
-                            f"({default}), not {args.version}'s")
+                            f"({lock.default}), not {args.version}'s")
         readme = REPO_ROOT / "README.md"
         with naming(readme):
             readme.write_text(update_readme(readme.read_text(), series))

@@ -13,13 +13,14 @@ import argparse
 import zipfile
 from pathlib import Path
 
+from kiln.abi.fa2 import Snapshot
+from kiln.cmdoptions import add_version_option
 from kiln.errors import KilnError
-from kiln.fa2 import Snapshot
-from kiln.fetch import fetch
-from kiln.lock import add_version_option, pinned_version
-from kiln.pristine import PristineTree
-from kiln.series import carried_versions, series_dir
-from kiln.verify import verify
+from kiln.series.series import carried_versions, series_dir
+from kiln.series.verify import verify
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 NAME = "verify"
 HELP = "prove the series applies and round-trips exactly"
@@ -34,17 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     versions = args.versions or [None]
+    lock = UpstreamLock.load()
     # Every named pin is checked before the first is fetched.
-    versions = carried_versions() if "all" in versions else [pinned_version(v) for v in versions]
+    versions = (carried_versions(lock=lock) if "all" in versions
+                else [lock.release(v).version for v in versions])
     if args.branch_repo and len(versions) > 1:
         raise KilnError("--branch-repo compares one pin's branch; give one --version with it")
     ok = True
     for version in versions:
-        files = fetch(version)
+        files = fetch(version, lock=lock)  # verify reads the wheel too: its file list
         with zipfile.ZipFile(files.wheel) as wheel:
             wheel_files = wheel.namelist()
         print(f"vLLM {version}: patches/{version}/")
-        report = verify(PristineTree.from_files(files), series_dir(version),
+        report = verify(PristineTree.from_files(files), series_dir(version, lock=lock),
                         branch_repo=args.branch_repo, wheel_files=wheel_files,
                         fa2=Snapshot.load(version))
         for name, passed, detail in report.checks:

@@ -42,7 +42,7 @@ from kiln.portcheck.checks import PortCheck
 from kiln.portcheck.findings import KINDS, UPSTREAM_TOPIC, Finding
 from kiln.portcheck.units import overlay_units, series_units
 from kiln.portcheck.uses import Use, uses
-from kiln.series import Series
+from kiln.series.series import Series
 
 __all__ = ["Finding", "port_check"]
 

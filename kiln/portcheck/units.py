@@ -8,10 +8,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.patching import apply_topic
+from kiln.series.patching import apply_topic
 from kiln.portcheck.treeindex import module_name
 from kiln.portcheck.findings import Finding, OVERLAY_TOPIC, parse_source, Unparsable
-from kiln.series import Series, Topic
+from kiln.series.series import Series, Topic
 
 
 @dataclass

@@ -23,15 +23,15 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-import kiln.fetch
-from kiln import fatbin
+import kiln.upstream.fetch
+from kiln.abi import fatbin
+from kiln.build.xgrammar import XgrammarLock, build_xgrammar, find_pythons
 from kiln.cli import main
 from kiln.errors import KilnError
-from kiln.gpubundle import (BUILT_WITH_NVCC, CARRIED, SIZE_LIMIT, STANDIN_MODULES,
-                            build_gpu_bundle)
-from kiln.gpulock import LOCK_PATH, GpuBundleLock
-from kiln.gpurun import gpu_visible
-from kiln.xgrammar import XgrammarLock, build_xgrammar, find_pythons
+from kiln.testing.gpubundle import (BUILT_WITH_NVCC, CARRIED, SIZE_LIMIT, STANDIN_MODULES,
+                                    build_gpu_bundle)
+from kiln.testing.gpulock import LOCK_PATH, GpuBundleLock
+from kiln.testing.gpurun import gpu_visible
 
 C_OPS = "vllm/_C_stable_libtorch.abi3.so"
 
@@ -159,11 +159,11 @@ def test_the_python_tree_is_the_wheels_files_less_compiled_code_and_jit_headers(
 
 def test_the_sources_take_the_bundle_for_the_repository_root(bundle):
     src = bundle.path / "src"
-    for rel in ("kiln/__main__.py", "tests/e2e/data/corpus.txt", "bench", "kvarn/__init__.py",
+    for rel in ("kiln/__main__.py", "kiln/testing/tinymodel/corpus.txt", "bench", "kvarn/__init__.py",
                 "specattn/__init__.py", "pyproject.toml"):
         assert (src / rel).exists(), rel
     result = subprocess.run(
-        [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln import tinymodel; "
+        [sys.executable, "-c", "from kiln.paths import REPO_ROOT; from kiln.testing import tinymodel; "
          "print(REPO_ROOT); print(tinymodel.CORPUS.is_file())"],
         cwd=src, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -273,7 +273,7 @@ def test_a_damaged_cached_wheel_that_cannot_be_checked_is_kept_and_nothing_built
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
-    monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(kiln.upstream.fetch, "BACKOFF_SECONDS", 0.0)
     wheel = GpuBundleLock.load().wheels[0]
     first = wheel.pin
     cached = tmp_path / "cache" / "upstream" / first.name
@@ -315,7 +315,7 @@ def test_run_refuses_a_machine_without_a_gpu_at_once(bundle, tmp_path):
 
 def test_install_lays_out_the_wheels_python_compiled_files_and_stand_ins(bundle, tmp_path):
     site = tmp_path / "site"
-    result = subprocess.run([sys.executable, "-m", "kiln.gpurun", "install", str(bundle.path),
+    result = subprocess.run([sys.executable, "-m", "kiln.testing.gpurun", "install", str(bundle.path),
                              str(site)], env={**os.environ, "PYTHONPATH": str(bundle.path / "src")},
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -341,7 +341,7 @@ def test_install_refuses_a_damaged_copy_naming_the_file(bundle, tmp_path):
     data = bytearray(damaged.read_bytes())
     data[100] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    result = subprocess.run([sys.executable, "-m", "kiln.gpurun", "install", str(copy),
+    result = subprocess.run([sys.executable, "-m", "kiln.testing.gpurun", "install", str(copy),
                              str(tmp_path / "site")],
                             env={**os.environ, "PYTHONPATH": str(copy / "src")},
                             capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""The KVarN CUDA library in the fork wheel (kiln/kvarncuda.py): where nvcc is it is
+"""The KVarN CUDA library in the fork wheel (kiln/build/kvarncuda.py): where nvcc is it is
 compiled once and then copied from the cache, any checkout compiles the same bytes, and
 a build without nvcc still makes the wheel, less the library, saying why.
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln import fatbin
-from kiln.kvarncuda import SOURCE, WHEEL_PATH, build_kvarn_library, cuda_build
+from kiln.abi import fatbin
+from kiln.build.kvarncuda import SOURCE, WHEEL_PATH, build_kvarn_library, cuda_build
+from kiln.build.wheel import build_wheel
 from kiln.paths import REPO_ROOT
-from kiln.wheel import build_wheel
 
 BUILD = cuda_build(REPO_ROOT)
 needs_nvcc = pytest.mark.skipif(BUILD.find_nvcc() is None,

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("griffe")
 
-from kiln.lock import PinnedFile, UpstreamLock, UpstreamRelease  # noqa: E402
-from kiln.pinbump import sdist_tree  # noqa: E402
+from kiln.upstream.lock import PinnedFile, UpstreamLock, UpstreamRelease  # noqa: E402
+from kiln.upstream.pristine import PristineTree  # noqa: E402
 from kiln.portcheck import port_check  # noqa: E402
-from kiln.series import Series  # noqa: E402
+from kiln.series.series import Series  # noqa: E402
 from tests.unit.conftest import make_diff, write_patch  # noqa: E402
 
 V031 = UpstreamRelease(
@@ -53,7 +53,7 @@ class LookupSpeculator(BaseSpeculator):
 def findings(tmp_path_factory):
     lock = UpstreamLock.load()
     lock = UpstreamLock(default="0.31.0", releases={**lock.releases, "0.31.0": V031, "0.32.0": V032})
-    old, new = sdist_tree("0.31.0", lock), sdist_tree("0.32.0", lock)
+    old, new = PristineTree.pinned("0.31.0", lock).root, PristineTree.pinned("0.32.0", lock).root
     tmp = tmp_path_factory.mktemp("real")
     text = (old / OUTPUT_PROCESSOR).read_text()
     signature = "        ec_transfer_params: dict[str, Any] | None = None,\n    ) -> RequestOutput | PoolingRequestOutput | None:"

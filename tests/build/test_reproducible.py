@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
+from kiln.build.wheel import build_wheel
 from kiln.paths import REPO_ROOT
-from kiln.wheel import build_wheel
 
 
 def test_a_second_kiln_build_is_byte_identical(fork_wheel, tmp_path):

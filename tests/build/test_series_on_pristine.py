@@ -4,12 +4,12 @@ import zipfile
 
 import pytest
 
-from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
-from kiln.patching import apply_series_into
-from kiln.pristine import PristineTree
-from kiln.series import Series, carried_versions, series_dir
-from kiln.verify import verify
+from kiln.series.patching import apply_series_into
+from kiln.series.series import Series, carried_versions, series_dir
+from kiln.series.verify import verify
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 VERSIONS = carried_versions()
 
@@ -58,7 +58,7 @@ def test_every_other_carried_pin_still_builds_its_wheel(version, tmp_path):
     """tests/run builds and tests the default pin; the others must stay buildable."""
     import json
 
-    from kiln.wheel import build_wheel
+    from kiln.build.wheel import build_wheel
 
     build = build_wheel(tmp_path, version=version)
     assert build.path.name.startswith(f"vllm-{version}+kiln.")

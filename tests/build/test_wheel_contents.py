@@ -8,9 +8,9 @@ import json
 import re
 import subprocess
 
-from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
-from kiln.series import Series, series_dir
+from kiln.series.series import Series, series_dir
+from kiln.upstream.lock import UpstreamLock
 
 
 def _dist_info(names):

@@ -36,7 +36,7 @@ def tiny_model() -> Path:
     override = os.environ.get("E2E_MODEL_DIR")
     if override:
         return Path(override)
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
 
     return tinymodel.build()
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import tinymodel
 from kiln.errors import KilnError
+from kiln.testing import tinymodel
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

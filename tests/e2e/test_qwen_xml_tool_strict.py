@@ -41,8 +41,8 @@ TOOL = {"type": "function", "function": {
 
 
 def qwen3_coder_template() -> Path:
-    from kiln.fetch import fetch
-    from kiln.pristine import PristineTree
+    from kiln.upstream.fetch import fetch
+    from kiln.upstream.pristine import PristineTree
 
     tree = PristineTree.from_files(fetch("0.33.0", log=lambda _: None), log=lambda _: None)
     return tree.root / "examples" / "tool_chat_template_qwen3coder.jinja"

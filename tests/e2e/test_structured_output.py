@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.xgrammar import XgrammarLock
+from kiln.build.xgrammar import XgrammarLock
 
 # The most the server accepts; far above the tiny model's logits.
 PULL = 100

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import tinymodel
+from kiln.errors import KilnError
+from kiln.testing import tinymodel
 
 
 @pytest.mark.skipif(
@@ -197,6 +198,6 @@ def test_a_stale_model_folder_is_rebuilt_and_a_foreign_file_stops_it(tmp_path: P
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
     (out / tinymodel.STAMP).write_text(json.dumps({**stamp, "fingerprint": "an older one"}))
     (out / "README.md").write_text("mine\n")
-    with pytest.raises(tinymodel.KilnError, match="holds README.md, which tiny-model did not write"):
+    with pytest.raises(KilnError, match="holds README.md, which tiny-model did not write"):
         tinymodel.build(out, spec=spec)
     assert (out / "README.md").read_text() == "mine\n"

@@ -2,7 +2,7 @@
 then `DIR/run RESULTS`); skipped where there is no GPU, so never run by CPU CI.
 
 Tests name the scenarios they read (``@pytest.mark.scenarios``); the session builds
-the models those need with ``kiln.tinymodel``, runs every needed scenario as its own
+the models those need with ``kiln.testing.tinymodel``, runs every needed scenario as its own
 process (side by side, except the ``exclusive`` speed runs, which go one at a time
 after the rest), and writes all results to ``$KILN_GPU_RESULTS/gpu-results.json`` plus
 the scenarios' logs as one tarball. The speed runs read $KILN_GPU_SPEED_SHAPES (which
@@ -81,7 +81,7 @@ def _build_models(names: set[str], folder: Path) -> dict[str, str]:
 def _build(names: set[str], folder: Path, call) -> dict[str, str]:
     procs = {}
     for name in sorted(names):
-        code = f"import sys; from kiln import tinymodel; from pathlib import Path; print({call(name)})"
+        code = f"import sys; from kiln.testing import tinymodel; from pathlib import Path; print({call(name)})"
         procs[name] = subprocess.Popen([sys.executable, "-c", code, str(folder / name)],
                                        cwd=ROOT, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)

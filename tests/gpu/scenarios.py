@@ -106,7 +106,7 @@ def parity(spec: dict[str, Any]) -> dict[str, Any]:
     n = spec.get("max_tokens", 24)
     result: dict[str, Any] = {}
     if spec.get("copy"):
-        from kiln import tinymodel
+        from kiln.testing import tinymodel
 
         period = tinymodel.read_spec(Path(spec["model"])).copy_period
         ids = [tinymodel.copy_prompt(spec["model"], k, seed=k) for k in lengths]
@@ -141,7 +141,7 @@ def kvarn_copy(spec: dict[str, Any]) -> dict[str, Any]:
     least 4 full blocks), a residue sweep of 128 lengths each sent twice (the second a
     prefix-cache hit), chunked prefill over records (small token budget), a pool small
     enough to preempt, and many more requests than seats."""
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
 
     model = spec["model"]
     llm = _llm(spec)
@@ -327,7 +327,7 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
     import re
     import urllib.request
 
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
     from tests.e2e.vllm_server import VllmServer
 
     model = spec["model"]
@@ -463,7 +463,7 @@ def spec_decode(spec: dict[str, Any]) -> dict[str, Any]:
     task (long periodic prompts, tokens per step from the spec-decode counters), then
     64 prompts half periodic, half random tokens (the copy of a random prompt repeats
     it, so lookups start failing and then catch on)."""
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
 
     model = spec["model"]
     period = tinymodel.read_spec(Path(model)).copy_period
@@ -522,7 +522,7 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
     exactly the query length that selects it over a 512-token prefix-cache hit; every
     JIT compile the monitor reports after boot is recorded (or, in mode error,
     fails the run)."""
-    from kiln import tinymodel
+    from kiln.testing import tinymodel
 
     model = spec["model"]
     period = tinymodel.read_spec(Path(model)).copy_period

@@ -1,4 +1,4 @@
-"""What the GPU tier runs: the models (``kiln.tinymodel.preset`` arguments) and each
+"""What the GPU tier runs: the models (``kiln.testing.tinymodel.preset`` arguments) and each
 scenario's (function in scenarios.py, model, spec)."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ MODELS = {
     "copy64": dict(name="d64", dtype="bfloat16", copy_period=COPY_PERIOD),
     "hybrid128": dict(name="d128", dtype="bfloat16", hybrid=True, init="transformers"),
     "large": dict(name="large"),
-    # A random DFlash2 drafter (kiln.tinymodel.DrafterSpec fields) for a target above.
+    # A random DFlash2 drafter (kiln.testing.tinymodel.DrafterSpec fields) for a target above.
     "drafter128": dict(dflash2_drafter=dict(target="copy128", block_size=16)),
 }
 
@@ -193,9 +193,9 @@ def kv_bytes_per_token_head(cache_dtype: str, head_dim: int) -> float:
 
 
 def kv_bytes_per_step(cache_dtype: str, batch: int, context: int, model: str) -> float:
-    """Bytes of KV cache one decode step must read on a kiln.tinymodel size: every
+    """Bytes of KV cache one decode step must read on a kiln.testing.tinymodel size: every
     attention layer's keys and values of every request's context."""
-    from kiln.tinymodel import attention_layers, preset
+    from kiln.testing.tinymodel import attention_layers, preset
 
     size = preset(model)
     return (kv_bytes_per_token_head(cache_dtype, size.head_dim) * size.num_kv_heads

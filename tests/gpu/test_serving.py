@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tinymodel import preset
+from kiln.testing.tinymodel import preset
 from tests.gpu.specs import (SPEED_RUNS, SPEED_SHAPES, hbm_bytes_per_s,
                              kv_bytes_per_step, kv_bytes_per_token_head, profiled_steps,
                              profiled_time_us)

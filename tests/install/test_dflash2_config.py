@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import tinymodel
 from kiln.errors import KilnError
+from kiln.testing import tinymodel
 
 CHILD = Path(__file__).with_name("dflash2_child.py")
 

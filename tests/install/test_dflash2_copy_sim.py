@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln import tinymodel
+from kiln.testing import tinymodel
 from vllm.fork import spec_lookup
 from vllm.fork.spec_lookup import TrustState
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kiln.series import Series, series_dir
+from kiln.series.series import Series, series_dir
 
 VLLM = str(Path(sys.executable).with_name("vllm"))
 

@@ -97,7 +97,7 @@ def _quant_mode_values(source: str) -> dict[str, int]:
 
 
 def _pristine_quant_modes(version: str) -> dict[str, int]:
-    from kiln.fetch import fetch
+    from kiln.upstream.fetch import fetch
 
     files = fetch(version, log=lambda _: None)
     with tarfile.open(files.sdist) as tar:

@@ -103,8 +103,8 @@ def test_bad_arguments_are_refused_naming_what_is_allowed():
 def test_extract_fa3_packs_upstreams_library_from_the_pinned_wheel(tmp_path):
     # the same bytes as in the sha256-pinned wheel (fetched into kiln's cache if missing,
     # as the wheel build does), xz-packed small enough for a device call to carry
-    from kiln.fetch import download_from_index, fetch_pinned
-    from kiln.lock import UpstreamLock
+    from kiln.upstream.fetch import download_from_index, fetch_pinned
+    from kiln.upstream.lock import UpstreamLock
 
     run = subprocess.run([sys.executable, str(BENCH), "--extract-fa3", str(tmp_path)],
                          capture_output=True, text=True, timeout=1800)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.kvarncuda import cuda_build
+from kiln.build.kvarncuda import cuda_build
 from kiln.paths import REPO_ROOT
 from tests.unit.conftest import KilnCheckout, can_mount_in_own_namespace
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-import kiln.fetch
+import kiln.upstream.fetch
 from kiln.cli import build_parser, main
-from kiln.lock import UpstreamLock, version_key
 from kiln.paths import REPO_ROOT
+from kiln.upstream.lock import UpstreamLock, version_key
 
 COMMANDS = ["apply", "build", "build-xgrammar", "export", "fetch", "gpu-bundle", "materialize",
             "peer-suite", "pin-bump", "port-check", "rebase", "test-env", "tiny-model", "topics",
@@ -82,7 +82,7 @@ def test_a_version_the_lock_does_not_pin_is_refused_naming_the_pins(argv, tmp_pa
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     # Nothing may be fetched: a closed local port makes any download fail at once.
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
-    monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(kiln.upstream.fetch, "BACKOFF_SECONDS", 0.0)
     argv = [a.format(tmp=tmp_path) for a in argv]
     argv += ["9.9.9"] if argv[-1] in ("--to", "--onto") else ["--version", "9.9.9"]
     assert main(argv) == 2

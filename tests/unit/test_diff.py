@@ -1,12 +1,12 @@
-"""kiln.diff: the one unified-diff model behind series, port-check and rebase."""
+"""kiln.series.diff: the one unified-diff model behind series, port-check and rebase."""
 import re
 import subprocess
 
 import pytest
 
-from kiln.diff import parse_diff
 from kiln.errors import KilnError
-from kiln.series import Series
+from kiln.series.diff import parse_diff
+from kiln.series.series import Series
 
 TRICKY = """\
 diff --git a/vllm/x.py b/vllm/x.py

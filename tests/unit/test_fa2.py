@@ -1,4 +1,4 @@
-"""kiln.opschema and kiln.fa2: the pinned attention op schemas and the calls that bind to them.
+"""kiln.abi.opschema and kiln.abi.fa2: the pinned attention op schemas and the calls that bind to them.
 
 Every test runs on the real pinned wheel and sdist (fetched into the cache as CI does),
 or on a copy of one real upstream wrapper broken on purpose.
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from kiln import fa2, opschema
+from kiln.abi import fa2, opschema
 from kiln.cli import main
 from kiln.errors import KilnError
-from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
-from kiln.pristine import PristineTree
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pristine import PristineTree
 
 VERSION = UpstreamLock.load().default
 WRAPPER = "vllm/vllm_flash_attn/flash_attn_interface.py"

@@ -1,4 +1,4 @@
-"""kiln.fatbin: reading and slimming CUDA fatbins, on synthetic ELF files and on nvcc's."""
+"""kiln.abi.fatbin: reading and slimming CUDA fatbins, on synthetic ELF files and on nvcc's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import elf, fatbin
+from kiln.abi import elf, fatbin
 from kiln.errors import KilnError
 
 PLAIN = fatbin.FLAG_64BIT | fatbin.FLAG_LINUX

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import kiln.fetch
+import kiln.upstream.fetch
 from kiln.errors import KilnError
-from kiln.fetch import fetch
-from kiln.lock import UpstreamLock
+from kiln.upstream.fetch import fetch
+from kiln.upstream.lock import UpstreamLock
 
 LOCK = """\
 default = "1.0.0"
@@ -27,7 +27,7 @@ def cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     # A closed local port: a real, fast network failure.
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
-    monkeypatch.setattr(kiln.fetch, "BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(kiln.upstream.fetch, "BACKOFF_SECONDS", 0.0)
     (tmp_path / "cache" / "upstream").mkdir(parents=True)
     return tmp_path / "cache"
 

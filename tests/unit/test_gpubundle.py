@@ -1,4 +1,4 @@
-"""kiln.gpubundle's rules that need no wheel: archs, the size budget, the output folder, the lock."""
+"""kiln.testing.gpubundle's rules that need no wheel: archs, the size budget, the output folder, the lock."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.pins import canonical
 from kiln.errors import KilnError
-from kiln.gpubundle import (build_gpu_bundle, bundle_xgrammar, check_budget, glibc_needed,
-                            parse_archs, platform_tags)
-from kiln.gpulock import GpuBundleLock
-from kiln.pins import canonical
+from kiln.testing.gpubundle import (build_gpu_bundle, bundle_xgrammar, check_budget, glibc_needed,
+                                    parse_archs, platform_tags)
+from kiln.testing.gpulock import GpuBundleLock
 
 
 @pytest.mark.parametrize("values, archs", [

@@ -1,4 +1,4 @@
-"""kiln.gpurun, the GPU bundle's side on the GPU machine: what it refuses, what it reports."""
+"""kiln.testing.gpurun, the GPU bundle's side on the GPU machine: what it refuses, what it reports."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.gpurun import (MANIFEST, Machine, glibc_version, gpu_visible, junit_counts, main, refusal,
-                         summary)
+from kiln.testing.gpurun import (MANIFEST, Machine, glibc_version, gpu_visible, junit_counts, main,
+                                 refusal, summary)
 
 MANIFEST_DATA = {"fork_version": "0.32.0+kiln.1", "archs": [90], "python_version": "3.12",
                  "platforms": ["manylinux_2_31_x86_64"], "files": {}}

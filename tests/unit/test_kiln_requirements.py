@@ -8,9 +8,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Modules that run in another interpreter, which installs these itself.
 ELSEWHERE = {
-    "kiln/peer_plugin.py": {"pytest"},  # loaded by the test venv's pytest
-    "kiln/tinymodel.py": {"torch", "transformers", "tokenizers"},  # the test venv
-    "kiln/gpurun.py": {"torch", "triton"},  # the GPU machine's torch
+    "kiln/testing/peer_plugin.py": {"pytest"},  # loaded by the test venv's pytest
+    "kiln/testing/tinymodel/copymodel.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/dense.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/drafter.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/model.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/tensors.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/tokenizer.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/gpurun.py": {"torch", "triton"},  # the GPU machine's torch
 }
 DISTRIBUTION = {"setuptools_scm": "setuptools-scm"}
 

@@ -1,11 +1,11 @@
-"""kiln's side of the KVarN CUDA library (kiln/kvarncuda.py, kvarn/cuda_build.py): the one
+"""kiln's side of the KVarN CUDA library (kiln/build/kvarncuda.py, kvarn/cuda_build.py): the one
 nvcc command, the cache key, and the skip where no nvcc is. Compiling is tests/build's."""
 
 import os
 import subprocess
 import sys
 
-from kiln.kvarncuda import SOURCE, build_kvarn_library, cache_key, cuda_build, staged_source
+from kiln.build.kvarncuda import SOURCE, build_kvarn_library, cache_key, cuda_build, staged_source
 from kiln.paths import REPO_ROOT
 
 BUILD = cuda_build(REPO_ROOT)
@@ -45,7 +45,7 @@ def test_without_nvcc_the_library_is_skipped_in_one_line(tmp_path, monkeypatch):
 
 
 def test_kiln_loads_the_command_without_importing_torch():
-    code = ("import sys; from kiln.kvarncuda import cuda_build; from kiln.paths import REPO_ROOT; "
+    code = ("import sys; from kiln.build.kvarncuda import cuda_build; from kiln.paths import REPO_ROOT; "
             "cuda_build(REPO_ROOT); assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.git import git, git_env
-from kiln.materialize import export, materialize
-from kiln.series import Series
+from kiln.series.git import git, git_env
+from kiln.series.materialize import export, materialize
+from kiln.series.series import Series
 from tests.unit.conftest import make_diff, write_patch
 
 

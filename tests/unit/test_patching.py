@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.patching import PatchFailed, apply_series_into, apply_topic
-from kiln.series import Series, Topic
+from kiln.series.patching import PatchFailed, apply_series_into, apply_topic
+from kiln.series.series import Series, Topic
 from tests.unit.conftest import make_diff, write_patch
 
 

@@ -8,9 +8,9 @@ import tarfile
 import pytest
 
 from kiln.errors import KilnError
-from kiln.fetch import sha256_of
-from kiln.lock import UpstreamLock
-from kiln.pinbump import cuda_pins, pin_bump, release_from_registry, torch_dependents, update_fork_pins
+from kiln.upstream.fetch import sha256_of
+from kiln.upstream.lock import UpstreamLock
+from kiln.upstream.pinbump import cuda_pins, pin_bump, release_from_registry, torch_dependents, update_fork_pins
 
 WHEEL = "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 H = "ab" * 32
@@ -130,7 +130,7 @@ def test_pin_bump_that_moves_torch_says_what_moves_and_what_must_be_rebuilt(tmp_
     assert result.torch.describe() == [
         "torch moves: 2.14.0 -> 2.15.0; with it torchaudio: torchaudio==2.11.0 -> torchaudio==2.12.0",
         "rebuild against the new torch:",
-        "  the CPU test venv: kiln/testenv.py installs the wheel's own torch pin, so the next "
+        "  the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
         "`tests/run` makes a new venv with torch==2.15.0",
         "  the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, now "
         "built against torch 2.15.0, to a machine that keeps its own torch; rebuild it and rerun "

@@ -1,7 +1,7 @@
 import pytest
 
+from kiln.build.pins import PinChanges
 from kiln.errors import KilnError
-from kiln.pins import PinChanges
 
 METADATA = """\
 Metadata-Version: 2.4

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("griffe")
 
 from kiln.portcheck import Finding, port_check  # noqa: E402
-from kiln.series import Series  # noqa: E402
+from kiln.series.series import Series  # noqa: E402
 from tests.unit.conftest import make_diff, write_patch  # noqa: E402
 
 HOOK_MODULE = "vllm/engine.py"

@@ -14,17 +14,17 @@ import pytest
 
 pytest.importorskip("griffe")
 
+from kiln.build.wheel import OVERLAY_DIRS  # noqa: E402
 from kiln.cli import main  # noqa: E402
 from kiln.commands.port_check import BLIND_SPOT  # noqa: E402
-from kiln.lock import UpstreamLock  # noqa: E402
 from kiln.paths import REPO_ROOT, cache_dir  # noqa: E402
-from kiln.pinbump import sdist_tree  # noqa: E402
 from kiln.portcheck import port_check  # noqa: E402
 from kiln.portcheck.apimodel import ApiModel  # noqa: E402
 from kiln.portcheck.mirrors import mirrors_in  # noqa: E402
 from kiln.portcheck.units import overlay_units  # noqa: E402
-from kiln.series import Series  # noqa: E402
-from kiln.wheel import OVERLAY_DIRS  # noqa: E402
+from kiln.series.series import Series  # noqa: E402
+from kiln.upstream.lock import UpstreamLock  # noqa: E402
+from kiln.upstream.pristine import PristineTree  # noqa: E402
 
 BEFORE_034 = "017237f"  # main before the 0.34.0 work
 PREWARM = "vllm/fork/dflash_prewarm.py"
@@ -34,7 +34,7 @@ PREPARE = "vllm.v1.worker.gpu.spec_decode.dflash.speculator.prepare_dflash_input
 @pytest.fixture(scope="module")
 def trees():
     lock = UpstreamLock.load()
-    return sdist_tree("0.33.0", lock), sdist_tree("0.34.0", lock)
+    return PristineTree.pinned("0.33.0", lock).root, PristineTree.pinned("0.34.0", lock).root
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_nothing_else_is_reported(findings):
 
 def test_every_mirror_marker_in_the_checkout_names_a_definition_of_the_default_pin(empty_series):
     lock = UpstreamLock.load()
-    model = ApiModel(sdist_tree(lock.default, lock), lock.default)
+    model = ApiModel(PristineTree.pinned(lock.default, lock).root, lock.default)
     units = overlay_units([(REPO_ROOT / f, t.replace("/", ".")) for f, t in OVERLAY_DIRS],
                           Series.load(empty_series), [])
     marks = [(u.path, m) for u in units for m in mirrors_in(u)]

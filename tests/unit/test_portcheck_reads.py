@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("griffe")
 
+from kiln.build.wheel import OVERLAY_DIRS  # noqa: E402
 from kiln.portcheck import Finding, port_check  # noqa: E402
-from kiln.series import Series  # noqa: E402
-from kiln.wheel import OVERLAY_DIRS  # noqa: E402
+from kiln.series.series import Series  # noqa: E402
 
 
 def write(root: Path, files: dict[str, str]) -> Path:

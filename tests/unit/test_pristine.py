@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.fetch import PristineFiles
+from kiln.upstream.fetch import PristineFiles
 from kiln.paths import REPO_ROOT
-from kiln.lock import PinnedFile, UpstreamRelease
-from kiln.patching import apply_series_into
-from kiln.pristine import PristineTree
-from kiln.series import Series
+from kiln.upstream.lock import PinnedFile, UpstreamRelease
+from kiln.series.patching import apply_series_into
+from kiln.upstream.pristine import PristineTree
+from kiln.series.series import Series
 from tests.unit.conftest import make_diff, write_patch
 
 FILES = {"vllm/a.py": "A = 1\n", "vllm/b.py": "def f(x):\n    return x + 1\n", "tools/run.sh": "#!/bin/sh\n"}
@@ -150,11 +150,11 @@ def test_a_tree_recorded_in_the_files_only_format_loses_a_planted_folder(files):
 RACER = """
 import sys
 from pathlib import Path
-from kiln.fetch import PristineFiles
-from kiln.lock import PinnedFile, UpstreamRelease
-from kiln.patching import apply_series_into
-from kiln.pristine import PristineTree
-from kiln.series import Series
+from kiln.upstream.fetch import PristineFiles
+from kiln.upstream.lock import PinnedFile, UpstreamRelease
+from kiln.series.patching import apply_series_into
+from kiln.upstream.pristine import PristineTree
+from kiln.series.series import Series
 sdist, into = Path(sys.argv[1]), Path(sys.argv[2])
 pin = PinnedFile(sdist.name, sys.argv[3])
 files = PristineFiles(UpstreamRelease("1.0.0", PinnedFile("u.whl", "0" * 64), pin), Path(), sdist)

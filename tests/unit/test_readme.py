@@ -1,6 +1,6 @@
 from kiln.paths import REPO_ROOT
-from kiln.series import Series
-from kiln.topics import readme_block, readme_table
+from kiln.series.series import Series
+from kiln.series.topics import readme_block, readme_table
 
 
 def test_the_readme_topics_table_matches_the_patch_headers():

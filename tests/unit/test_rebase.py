@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.git import git
-from kiln.materialize import materialize
-from kiln.rebase import resume, start
-from kiln.series import Series
+from kiln.series.git import git
+from kiln.series.materialize import materialize
+from kiln.series.rebase import resume, start
+from kiln.series.series import Series
 from tests.unit.conftest import make_diff, write_patch
 
 A_OLD = "".join(f"line {i}\n" for i in range(1, 21))

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.series import Series, Topic, parse_series_file
+from kiln.series.series import Series, Topic, parse_series_file
 from tests.unit.conftest import HEADER, make_diff, write_patch
 
 
@@ -71,7 +71,7 @@ def test_missing_series_file(tmp_path: Path):
 
 
 def test_each_pin_has_its_own_series_folder_and_a_missing_one_is_named(tmp_path):
-    from kiln.series import carried_versions, series_dir
+    from kiln.series.series import carried_versions, series_dir
 
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "upstream.lock").write_text(
@@ -89,7 +89,7 @@ def test_each_pin_has_its_own_series_folder_and_a_missing_one_is_named(tmp_path)
 
 
 def test_a_series_folder_for_a_pin_the_lock_lacks_is_refused_by_name(tmp_path):
-    from kiln.series import carried_versions, series_dir
+    from kiln.series.series import carried_versions, series_dir
 
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "upstream.lock").write_text(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import KilnError
-from kiln.testenv import COMPLETE, fork_venv
+from kiln.testing.testenv import COMPLETE, fork_venv
 
 
 def _wheel(folder: Path, version: str) -> Path:
@@ -88,7 +88,7 @@ def _fork_wheel(folder: Path, version: str, requires: list[str]) -> Path:
 
 
 def test_the_venvs_torch_is_the_one_the_wheel_pins(tmp_path):
-    from kiln.testenv import runtime_requirements, torch_requirement
+    from kiln.testing.testenv import runtime_requirements, torch_requirement
 
     wheel = _fork_wheel(tmp_path, "0.33.0+kiln.1", [
         "numpy", "torch==2.14.0", "torchvision==0.29.0", "xgrammar==0.2.8; platform_machine == 'x86_64'",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import main
-from kiln.tinymodel import DRAFTER_STAMP, STAMP
+from kiln.testing.tinymodel import DRAFTER_STAMP, STAMP
 
 
 def _snapshot(folder: Path) -> dict[str, object]:

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock
 from kiln.paths import REPO_ROOT
-from kiln.series import Series
+from kiln.series.series import Series
+from kiln.upstream.lock import UpstreamLock
 from tests.unit.conftest import KilnCheckout
 
 BAD_HEADER = b"Topic: bad\nKind: fix\nWhat: caf\xe9 au lait\n---\ndiff --git a/x b/x\n"

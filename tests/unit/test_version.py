@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.git import git
-from kiln.version import fork_version, is_fork_version, version_tuple
+from kiln.build.version import fork_version, is_fork_version, version_tuple
+from kiln.series.git import git
 
 
 @pytest.fixture

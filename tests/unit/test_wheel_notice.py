@@ -9,10 +9,10 @@ import zipfile
 
 import pytest
 
+from kiln.build.metadata import dist_info_files
+from kiln.build.pins import PinChanges
 from kiln.errors import KilnError
-from kiln.metadata import dist_info_files
 from kiln.paths import REPO_ROOT
-from kiln.pins import PinChanges
 
 
 def _built_wheel(checkout, out) -> zipfile.ZipFile:

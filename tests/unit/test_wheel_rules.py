@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.wheel import check_topic_paths, record_hash
 from kiln.errors import KilnError
-from kiln.series import Topic
-from kiln.wheel import check_topic_paths, record_hash
+from kiln.series.series import Topic
 from tests.unit.conftest import write_patch
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.xgrammar import PYTHONS, find_python, find_pythons, parse_pythons, wheel_for_python
 from kiln.cli import main
 from kiln.errors import KilnError
-from kiln.lock import UpstreamLock
-from kiln.xgrammar import PYTHONS, find_python, find_pythons, parse_pythons, wheel_for_python
+from kiln.upstream.lock import UpstreamLock
 
 WHEELS = [Path(f"dist/xgrammar-0.2.8+kiln.2-{t}-{t}-manylinux_2_36_x86_64.whl")
           for t in ("cp311", "cp312", "cp313")]

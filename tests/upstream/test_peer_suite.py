@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from kiln.peer import read_baseline, regressions, run_peer_suite
+from kiln.testing.peer import read_baseline, regressions, run_peer_suite
 
 
 def test_upstream_tests_passing_on_pristine_pass_on_the_fork(pristine_tree):

@@ -2,7 +2,7 @@
 
 The session fixture builds (or reuses, from $KILN_CACHE) the fork wheel and fetches the
 stock wheel, each unpacked into its own folder that goes first on PYTHONPATH of a child
-interpreter; see kiln/xgrammar.py. Cold, this builds xgrammar (minutes on 2 cores);
+interpreter; see kiln/build/xgrammar.py. Cold, this builds xgrammar (minutes on 2 cores);
 warm, it only checks hashes.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.xgrammar import XgrammarEnvs, xgrammar_envs
+from kiln.build.xgrammar import XgrammarEnvs, xgrammar_envs
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 from kiln.paths import REPO_ROOT
-from kiln.xgrammar import PYTHONS, XgrammarLock, build_xgrammar, find_pythons, load_series
+from kiln.build.xgrammar import PYTHONS, XgrammarLock, build_xgrammar, find_pythons, load_series
 from tests.xgrammar.conftest import decisions
 
 

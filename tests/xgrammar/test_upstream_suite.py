@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kiln.paths import cache_dir
-from kiln.xgrammar import XgrammarEnvs, XgrammarLock, sdist_tests
+from kiln.build.xgrammar import XgrammarEnvs, XgrammarLock, sdist_tests
 
 # Upstream tests whose outcome the fork changes on purpose: node id prefix -> reason.
 EXPECTED_CHANGES: dict[str, str] = {

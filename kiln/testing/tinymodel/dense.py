@@ -1,0 +1,123 @@
+"""Dense Qwen3 checkpoints with random weights: the transformers config of a spec, the
+weights from transformers' own init, and the seeded ones (normal(0, range) per
+tensor, streamed), with the tensor names and shapes both share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kiln.testing.tinymodel.spec import TinySpec
+from kiln.testing.tinymodel.tensors import Entry, tensor_seed, torch_dtype
+from kiln.testing.tinymodel.tokenizer import END_OF_TEXT, IM_END
+
+
+def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
+    vocab = tokenizer.get_vocab_size()
+    common: dict[str, Any] = dict(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.token_to_id(IM_END),
+        pad_token_id=tokenizer.token_to_id(END_OF_TEXT),
+    )
+    common.update(extra)
+    if spec.hybrid:
+        from transformers import Qwen3_5TextConfig
+
+        # Qwen3.5 layout: linear-attention (Gated DeltaNet) layers with a
+        # full-attention layer every few.
+        return Qwen3_5TextConfig(
+            **common,
+            layer_types=["linear_attention"] * (spec.num_layers - 1)
+            + ["full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+        )
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**common)
+
+
+def write_model(spec: TinySpec, tokenizer: Any, out: Path) -> None:
+    """Weights from transformers' own init (the original tiny model's path)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.dtype != "float32":
+        # Drawn in float32 and rounded, so the dtype changes only the rounding.
+        model = model.to(torch_dtype(spec.dtype))
+    model.generation_config.do_sample = False
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def _layer_shapes(spec: TinySpec, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    d, D = spec.hidden_size, spec.head_dim
+    p = f"model.layers.{i}."
+    return [
+        (p + "input_layernorm.weight", (d,)),
+        (p + "self_attn.q_proj.weight", (spec.num_heads * D, d)),
+        (p + "self_attn.k_proj.weight", (spec.num_kv_heads * D, d)),
+        (p + "self_attn.v_proj.weight", (spec.num_kv_heads * D, d)),
+        (p + "self_attn.o_proj.weight", (d, spec.num_heads * D)),
+        (p + "self_attn.q_norm.weight", (D,)),
+        (p + "self_attn.k_norm.weight", (D,)),
+        (p + "post_attention_layernorm.weight", (d,)),
+        (p + "mlp.gate_proj.weight", (spec.intermediate_size, d)),
+        (p + "mlp.up_proj.weight", (spec.intermediate_size, d)),
+        (p + "mlp.down_proj.weight", (d, spec.intermediate_size)),
+    ]
+
+
+def param_shapes(spec: TinySpec, vocab: int, tied: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a dense Qwen3 checkpoint, as transformers names them."""
+    shapes = [("model.embed_tokens.weight", (vocab, spec.hidden_size))]
+    for i in range(spec.num_layers):
+        shapes += _layer_shapes(spec, i)
+    shapes.append(("model.norm.weight", (spec.hidden_size,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (vocab, spec.hidden_size)))
+    return shapes
+
+
+def param_count(spec: TinySpec, vocab: int | None = None) -> int:
+    """Parameters of the dense model a spec describes (lm_head counted once if tied)."""
+    tied = spec.copy_period is None
+    shapes = param_shapes(spec, vocab or spec.vocab_size, tied)
+    return sum(math.prod(shape) for _, shape in shapes)
+
+
+def seeded_entries(spec: TinySpec, vocab: int) -> list[Entry]:
+    """normal(0, initializer_range) matrices, each from its own seeded generator;
+    norm weights one. The same distribution transformers' init draws from."""
+    import torch
+
+    def make(name: str, shape: tuple[int, ...]) -> Callable[[], Any]:
+        if len(shape) == 1:
+            return lambda: torch.ones(shape)
+
+        def draw() -> Any:
+            gen = torch.Generator().manual_seed(tensor_seed(spec.seed, name))
+            out = torch.empty(shape)
+            return out.normal_(0.0, spec.initializer_range, generator=gen)
+
+        return draw
+
+    return [(n, s, make(n, s)) for n, s in param_shapes(spec, vocab, tied=True)]
