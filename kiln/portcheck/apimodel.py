@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from kiln.portcheck.csource import function_text
 from kiln.portcheck.findings import Unparsable
 from kiln.portcheck.treeindex import TreeIndex, tree_index
 
@@ -147,7 +148,11 @@ class ApiModel:
     def definition_text(self, qualname: str) -> str | None:
         """The code of the function, class or constant ``qualname`` names, decorators
         included and docstrings and comments left out, so only a change of what it
-        computes changes the text. None when this tree does not define it."""
+        computes changes the text. None when this tree does not define it.
+        ``csrc/<file>::<function>`` names a C++ function of the tree's compiled sources
+        (kiln.portcheck.csource)."""
+        if "::" in qualname:
+            return function_text(self.root, qualname)
         obj = self.lookup(qualname)
         if obj is None or obj.is_alias or obj.lineno is None or obj.is_module:
             return None

@@ -92,7 +92,7 @@ class PortCheck:
         for mirror in mirrors_in(unit):
             target, site = mirror.target, f"{unit.path}:{mirror.line}"
             where = f"{unit.path}::{target}"
-            upstream = target.startswith("vllm.")
+            upstream = target.startswith(("vllm.", "csrc/"))
             before = self.old.definition_text(target) if upstream else None
             after = self.new.definition_text(target) if upstream else None
             if before is None:

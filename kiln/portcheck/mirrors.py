@@ -7,9 +7,10 @@ mirrors in a comment, on the line above the fork's own definition:
     # mirrors: vllm.v1.worker.gpu.spec_decode.dflash.speculator.prepare_dflash_inputs
     def dflash_input_block_sizes(...):
 
-The name is the dotted path of an upstream function, method, class or constant (text
-after it on the line is free); port-check compares that definition's code between the
-two pins and reports each mirror whose upstream changed or is gone.
+The name is the dotted path of an upstream function, method, class or constant, or,
+for a stand-in of a compiled op, ``csrc/<file>::<function>`` (text after it on the line
+is free); port-check compares that definition's code between the two pins and reports
+each mirror whose upstream changed or is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from kiln.portcheck.units import CodeUnit
 
-MARKER = re.compile(r"#\s*mirrors:\s*(?P<target>[A-Za-z_][\w.]*)")
+MARKER = re.compile(r"#\s*mirrors:\s*(?P<target>csrc/[\w./-]+::\w+|[A-Za-z_][\w.]*)")
 
 
 @dataclass(frozen=True)
