@@ -21,9 +21,9 @@ EGG_BASE = ROOT / "build" / "egg-info"
 EGG_BASE.mkdir(parents=True, exist_ok=True)
 
 from kiln.build.metadata import write_dist_info  # noqa: E402
-from kiln.upstream.lock import UpstreamLock  # noqa: E402
 from kiln.build.version import fork_version  # noqa: E402
 from kiln.build.wheel import build_wheel  # noqa: E402
+from kiln.upstream.lock import UpstreamLock  # noqa: E402
 
 
 class KilnWheel(bdist_wheel):

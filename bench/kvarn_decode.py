@@ -56,11 +56,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _fa3_upstream  # noqa: E402
 from _fp16_paged_decode import fp16_paged_decode  # noqa: E402
-from kvarn import HEAD_DIMS, PagedKV, Preset  # noqa: E402
-from kvarn import decode_cuda  # noqa: E402
+
+from kvarn import (  # noqa: E402
+    HEAD_DIMS,
+    PagedKV,
+    Preset,
+    decode_cuda,  # noqa: E402
+)
 from kvarn import reference as ref  # noqa: E402
-from kvarn.decode import (LAUNCH_DEFAULTS, VARIANTS, attend, attend_rotated,  # noqa: E402
-                          default_splits, launch_config)
+from kvarn.decode import LAUNCH_DEFAULTS, VARIANTS, attend, attend_rotated, default_splits, launch_config  # noqa: E402
 from kvarn.flush import flush  # noqa: E402
 
 HBM_BPS = 4.8e12

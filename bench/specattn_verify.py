@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
@@ -277,8 +276,8 @@ def table(rows: list[dict]) -> str:
     def ratio(x):
         return f"{x:6.2f}" if x is not None else "     -"
 
-    lines = [f"{'kv cache dtype':20} {'geometry':14} {'BxL':>8} {'q':>2} {'fork ms':>8} "
-             f"{'TB/s':>5} {'2D path':>8} {'0.33 3D':>8} {'2D/fork':>7} {'3D/fork':>7}"]
+    lines = [(f"{'kv cache dtype':20} {'geometry':14} {'BxL':>8} {'q':>2} {'fork ms':>8} "
+             f"{'TB/s':>5} {'2D path':>8} {'0.33 3D':>8} {'2D/fork':>7} {'3D/fork':>7}")]
     for r in rows:
         lines.append(
             f"{r['kv_cache_dtype']:20} {r['geometry']:14} "

@@ -8,8 +8,8 @@ each record is read and unpacked once. Scales are folded out of the per-element 
     out[m, d]   += c'[d] * (sum_t (p[m, t] a'[t]) code'[t, d] + sum_t p[m, t] z'[t])
 
 so a tile costs a shift, mask, OR and fp16 subtract per code (no int-to-float
-conversion) and tensor-core dots. Split-K partials are merged by a log-sum-exp combine. The launch depends only on tensor shapes
-(no host syncs), so it can be captured in a CUDA graph. Reference:
+conversion) and tensor-core dots. Split-K partials are merged by a log-sum-exp combine. The
+launch depends only on tensor shapes (no host syncs), so it can be captured in a CUDA graph. Reference:
 ``reference.paged_attention``.
 """
 from __future__ import annotations

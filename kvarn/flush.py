@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import PagedKV
 from . import reference as ref
+from .layout import PagedKV
 
 # Triton kernels may only read globals that are constexpr.
 FP16_MAX = tl.constexpr(ref.FP16_MAX)
@@ -26,10 +26,7 @@ TIE_RTOL = tl.constexpr(ref.TIE_RTOL)
 @triton.jit
 def _std(y, AXIS: tl.constexpr, N: tl.constexpr):
     mean = tl.sum(y, AXIS) / N
-    if AXIS == 0:
-        dev = y - mean[None, :]
-    else:
-        dev = y - mean[:, None]
+    dev = y - mean[None, :] if AXIS == 0 else y - mean[:, None]
     return tl.sqrt(tl.sum(dev * dev, AXIS) / (N - 1))
 
 

@@ -42,7 +42,7 @@ class PagedKV:
 
     @staticmethod
     def allocate(preset: Preset, head_dim: int, num_kv_heads: int, num_blocks: int,
-                 num_side_blocks: int, device=None) -> "PagedKV":
+                 num_side_blocks: int, device=None) -> PagedKV:
         rec = preset.tile_bytes(head_dim)
         cache = torch.zeros(num_blocks, num_kv_heads, rec, dtype=torch.uint8, device=device)
         side = torch.zeros(num_side_blocks, 2, num_kv_heads, preset.group, head_dim,
@@ -79,14 +79,14 @@ class PagedKV:
         g = self.preset.group
         for b in range(seq_lens.shape[0]):
             L, F = int(seq_lens[b]), int(num_flushed[b])
-            if L < query_len:
+            if query_len > L:
                 raise ValueError(f"request {b}: seq_len {L} < query_len {query_len}")
             # Records may hold query positions too: a prefix hit's last token is
             # recomputed into a block that is already a record.
             if F < 0 or (F > 0 and (F + 1) * g > L):
                 raise ValueError(f"request {b}: {F} flushed blocks cover {(F + 1) * g} "
                                  f"positions, the row has only {L}")
-            if F >= block_table.shape[1]:
+            if block_table.shape[1] <= F:
                 raise IndexError(f"request {b}: {F} flushed blocks exceed block table "
                                  f"width {block_table.shape[1]}")
             self.check_ids(block_table[b, 1:F + 1], self.cache.shape[0],

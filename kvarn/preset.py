@@ -33,7 +33,7 @@ class Preset:
         return tuple(_PRESETS)
 
     @staticmethod
-    def parse(name: str) -> "Preset":
+    def parse(name: str) -> Preset:
         try:
             return _PRESETS[name]
         except KeyError:

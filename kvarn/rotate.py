@@ -19,7 +19,7 @@ from .layout import PagedKV
 FP16_MAX = tl.constexpr(65504.0)  # Triton kernels may only read constexpr globals
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hadamard_pm1(head_dim: int, device: torch.device) -> torch.Tensor:
     """Sylvester Hadamard matrix with +-1 entries, fp16 (exact)."""
     return sylvester(head_dim).to(device=device, dtype=torch.float16).contiguous()

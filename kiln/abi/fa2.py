@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.abi import elf, opschema
-from kiln.errors import KilnError
-from kiln.upstream.lock import version_key
-from kiln.upstream.fetch import PristineFiles
 from kiln.abi.opschema import Schema
+from kiln.errors import KilnError
 from kiln.paths import REPO_ROOT
+from kiln.upstream.fetch import PristineFiles
+from kiln.upstream.lock import version_key
 
 FA2_DIR = REPO_ROOT / "fa2"
 PIN_PATH = FA2_DIR / "PIN"
@@ -72,8 +72,8 @@ class Snapshot:
     def render(self) -> str:
         lines = [f"# Attention op schemas of vLLM {self.version}, extracted from {self.wheel}",
                  f"# by `python -m kiln fa2-snapshot --version {self.version}`; do not edit.",
-                 "# [namespace] binary every-op|listed-ops (every-op: a call to any other op "
-                 "of the namespace is an error)"]
+                 ("# [namespace] binary every-op|listed-ops (every-op: a call to any other op "
+                 "of the namespace is an error)")]
         for ns in self.namespaces.values():
             scope = "every-op" if ns.every_op else "listed-ops"
             lines += ["", f"[{ns.name}] {ns.binary} {scope}", *(str(s) for s in ns.schemas.values())]
@@ -213,8 +213,8 @@ def write_pin(pin: FaPin, path: Path = PIN_PATH) -> None:
               "# Written by `python -m kiln fa2-snapshot --version V`; do not edit.",
               "# version commit repository how-established"]
     lines = path.read_text().splitlines() if path.exists() else []
-    kept = [l for l in lines if l and not l.startswith("#") and l.split()[0] != pin.version]
-    entries = sorted([*kept, str(pin)], key=lambda l: version_key(l.split()[0]))
+    kept = [line for line in lines if line and not line.startswith("#") and line.split()[0] != pin.version]
+    entries = sorted([*kept, str(pin)], key=lambda line: version_key(line.split()[0]))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(header + entries) + "\n")
 
@@ -263,7 +263,7 @@ def calls_in(text: str, path: str) -> list[OpCall]:
     try:
         tree = ast.parse(text, filename=path)
     except SyntaxError as e:
-        raise KilnError(f"{path}:{e.lineno}: not valid Python ({e.msg}); cannot check its op calls")
+        raise KilnError(f"{path}:{e.lineno}: not valid Python ({e.msg}); cannot check its op calls") from None
     aliases = _aliases(tree)
     calls = []
     for node in ast.walk(tree):
@@ -289,8 +289,8 @@ def bind(call: OpCall, schema: Schema) -> list[str]:
     """What keeps the call from binding to the schema; empty when it binds."""
     if any(isinstance(a, ast.Starred) for a in call.positional) or any(
             k.arg is None for k in call.keywords):
-        return ["passes *args or **kwargs, so its binding cannot be checked; "
-                "pass each argument by position or by name"]
+        return [("passes *args or **kwargs, so its binding cannot be checked; "
+                "pass each argument by position or by name")]
     problems, bound = [], {}
     positional = schema.positional
     if len(call.positional) > len(positional):

@@ -62,10 +62,12 @@ BLIND_SPOT = ("not checked: behaviour behind an unchanged name and signature (a 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="old", help="upstream version the series is cut against (default: the lock's default)")
+    parser.add_argument("--from", dest="old",
+                        help="upstream version the series is cut against (default: the lock's default)")
     parser.add_argument("--to", dest="new", required=True, help="upstream version to port to")
     parser.add_argument("--patches", type=Path, help="series folder (default: patches/<--from>/)")
-    parser.add_argument("--accept", type=Path, help="TOML file of accepted findings (e.g. requirements/port-check-accept.toml)")
+    parser.add_argument("--accept", type=Path,
+                        help="TOML file of accepted findings (e.g. requirements/port-check-accept.toml)")
     parser.add_argument("--json", type=Path, help="write every finding as a JSON list to this file")
 
 

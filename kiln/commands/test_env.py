@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # The venv is made from this interpreter, so its Python is this one's.
     wheels = [args.wheel]
     if args.xgrammar:
-        wheels.append(wheel_for_python(args.xgrammar, "%d.%d" % sys.version_info[:2]))
+        wheels.append(wheel_for_python(args.xgrammar, "{}.{}".format(*sys.version_info[:2])))
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731  stdout carries only the path
     base = test_venv(args.wheel, log=log)
     print(fork_venv(base, wheels, log=log))

@@ -55,15 +55,15 @@ _SIZE_FLAGS = (
 
 # Drafter flags: (flag, DrafterSpec field, help).
 _DRAFTER_FLAGS = (
-    ("--block-size", "block_size", "query tokens per request it drafts from (anchor + "
-     "masks; default 16)"),
-    ("--conv-group-size", "conv_group_size", "channels per convolution group; must "
-     "divide the hidden size (default 16)"),
+    ("--block-size", "block_size", ("query tokens per request it drafts from (anchor + "
+     "masks; default 16)")),
+    ("--conv-group-size", "conv_group_size", ("channels per convolution group; must "
+     "divide the hidden size (default 16)")),
     ("--conv-kernel-size", "conv_kernel_size", "convolution taps (default 3)"),
     ("--selector-rank", "selector_rank", "candidate selector rank (default 8)"),
     ("--selector-top-k", "selector_top_k", "candidates per position (default 4)"),
-    ("--mask-token-id", "mask_token_id", "token id of the mask slots (default: the "
-     "target's pad token)"),
+    ("--mask-token-id", "mask_token_id", ("token id of the mask slots (default: the "
+     "target's pad token)")),
 )
 
 

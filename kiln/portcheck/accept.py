@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.portcheck.findings import Finding, KINDS
+from kiln.portcheck.findings import KINDS, Finding
 from kiln.tomlfile import read_toml
 
 

@@ -11,12 +11,11 @@ from typing import Any
 
 from kiln.portcheck.apimodel import ApiModel
 from kiln.portcheck.deprecation import deprecation
-from kiln.portcheck.findings import Finding, parse_source, Unparsable
+from kiln.portcheck.findings import Finding, Unparsable, parse_source
 from kiln.portcheck.mirrors import mirrors_in
 from kiln.portcheck.signatures import ast_signature, bind, describe, override_problems, signature, with_series_params
 from kiln.portcheck.units import CodeUnit
 from kiln.portcheck.uses import CALLED, GETATTR, GETATTR_DEFAULT, HASATTR, READ, SILENT, WRITTEN, Read, Scope, Use
-
 
 _ENUM_BASES = ("Enum", "IntEnum", "IntFlag", "Flag", "StrEnum")
 # What the code does with an attribute that is gone, by how it uses it.
@@ -265,9 +264,11 @@ class PortCheck:
 
 def _diff_summary(before: str, after: str) -> tuple[int, str]:
     """How many lines differ, and the first few of them."""
-    diff = [l for l in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-            if l[:1] in "+-" and not l.startswith(("+++", "---"))]
-    return len(diff), "; ".join(_clip(l.strip()) for l in diff[:6]) + (" ..." if len(diff) > 6 else "")
+    diff = [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(),
+                                                  lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    shown = "; ".join(_clip(line.strip()) for line in diff[:6])
+    return len(diff), shown + (" ..." if len(diff) > 6 else "")
 
 
 def _is_namespace(obj) -> bool:
@@ -297,7 +298,8 @@ def _breakages(old_obj, new_obj) -> str:
     import griffe
 
     try:
-        found = [b.explain(style=griffe.ExplanationStyle.ONE_LINE) for b in griffe.find_breaking_changes(old_obj, new_obj)]
+        found = [b.explain(style=griffe.ExplanationStyle.ONE_LINE)
+                 for b in griffe.find_breaking_changes(old_obj, new_obj)]
     except Exception:  # griffe cannot compare every pair of objects (aliases it cannot resolve)
         return ""
     return (" (griffe: " + "; ".join(found) + ")") if found else ""

@@ -7,8 +7,6 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
-
 KINDS = ("unparsed", "removed-name", "silent-default", "deprecated", "name-match", "changed-signature",
          "override", "enum-collision", "mirror-drift", "body-drift", "moved")
 

@@ -6,7 +6,6 @@ import ast
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class Param:
     name: str

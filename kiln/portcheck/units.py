@@ -8,9 +8,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.series.patching import apply_topic
+from kiln.portcheck.findings import OVERLAY_TOPIC, Finding, Unparsable, parse_source
 from kiln.portcheck.treeindex import module_name
-from kiln.portcheck.findings import Finding, OVERLAY_TOPIC, parse_source, Unparsable
+from kiln.series.patching import apply_topic
 from kiln.series.series import Series, Topic
 
 

@@ -90,8 +90,8 @@ class RebaseReport:
                 out.append(f"\n- `{path}`: upstream {self.new} deleted or moved this file\n")
             for hunk in stop.hunks:
                 out.append(f"\n`{hunk.file}` line {hunk.line}:\n\n```\n<<<<<<< upstream {self.new}\n"
-                           + "".join(l + "\n" for l in hunk.upstream) + "=======\n"
-                           + "".join(l + "\n" for l in hunk.topic) + f">>>>>>> {stop.topic}\n```\n")
+                           + "".join(line + "\n" for line in hunk.upstream) + "=======\n"
+                           + "".join(line + "\n" for line in hunk.topic) + f">>>>>>> {stop.topic}\n```\n")
         if self.range_diff:
             out.append(f"\n## git range-diff\n\n```\n{self.range_diff}```\n")
         return "".join(out)
@@ -251,8 +251,8 @@ def retire_question(repo: Path, commit: str, new: str) -> str:
             if reverse.returncode == 0:
                 return f"upstream {new} already contains this change exactly (it reverse-applies)"
             added = _added_lines(diff)
-            present = [l for path, l in added if (Path(tmp) / "wt" / path).is_file()
-                       and l in (Path(tmp) / "wt" / path).read_text(errors="replace")]
+            present = [line for path, line in added if (Path(tmp) / "wt" / path).is_file()
+                       and line in (Path(tmp) / "wt" / path).read_text(errors="replace")]
         finally:
             git(repo, "worktree", "remove", "--force", str(Path(tmp) / "wt"))
     if added and len(present) == len(added):

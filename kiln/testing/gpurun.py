@@ -166,9 +166,8 @@ def damaged_files(bundle: Path, manifest: dict) -> list[str]:
     damaged = []
     for rel, expected in manifest["files"].items():
         path = bundle / rel
-        if not path.is_file() or path.stat().st_size != expected["size"]:
-            damaged.append(rel)
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != expected["sha256"]:
+        if (not path.is_file() or path.stat().st_size != expected["size"]
+                or hashlib.sha256(path.read_bytes()).hexdigest() != expected["sha256"]):
             damaged.append(rel)
     return damaged
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.tomlfile import read_toml
 from kiln.paths import REPO_ROOT
+from kiln.tomlfile import read_toml
 
 LOCK_PATH = REPO_ROOT / "requirements" / "upstream.lock"
 

@@ -186,11 +186,11 @@ def torch_dependents(root: Path, torch: str | None) -> list[str]:
     """What in the checkout at ``root`` is built or installed against upstream's torch.
     The KVarN CUDA library is not, while it includes no torch header (it is loaded with
     ctypes), nor are the fork's xgrammar wheels, while their build pins no torch."""
-    found = [f"the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
-             f"`tests/run` makes a new venv with torch=={torch}",
-             "the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, "
+    found = [(f"the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
+             f"`tests/run` makes a new venv with torch=={torch}"),
+             ("the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, "
              f"now built against torch {torch}, to a machine that keeps its own torch; rebuild it "
-             "and rerun tests/gpu there"]
+             "and rerun tests/gpu there")]
     if "torch" in read_requirements(root / "requirements" / "xgrammar-build.txt"):
         found.append("the fork's xgrammar wheels: requirements/xgrammar-build.txt builds them "
                      "against torch (`python -m kiln build-xgrammar`)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import httpx
-
 from e2e_config import MAX_MODEL_LEN
 
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from e2e_config import API_KEY, PREFILL_CHUNK
 
-WORDS = "clay kiln glaze fire ash stone river bread lamp wheel ".split()
+WORDS = ["clay", "kiln", "glaze", "fire", "ash", "stone", "river", "bread", "lamp", "wheel"]
 
 
 def _events(server, path: str, body: dict) -> list[dict]:

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from e2e_config import MAX_MODEL_LEN
 from vllm_server import VllmServer, running
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from e2e_config import STALL_WARN_S
-
 
 # --- tokenize-v1-route ------------------------------------------------------
 

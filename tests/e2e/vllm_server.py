@@ -31,7 +31,7 @@ class ServerStartError(RuntimeError):
 
 
 @contextlib.contextmanager
-def running(server: "VllmServer") -> Iterator["VllmServer"]:
+def running(server: VllmServer) -> Iterator[VllmServer]:
     """Start the server (E2E_SERVER_START_TIMEOUT seconds, default 900), yield it, and
     always stop it."""
     try:
@@ -199,10 +199,8 @@ class VllmServer:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

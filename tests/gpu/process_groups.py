@@ -4,6 +4,7 @@ them holding the GPU, as a device run cut at its limit once did (118 GiB kept); 
 session registers each group here and ends them all on SIGTERM or SIGINT."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -28,10 +29,8 @@ class ProcessGroups:
         with self._lock:
             leaders, self._leaders = sorted(self._leaders), set()
         for pid in leaders:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return leaders
 
     def end_on(self, *signals: int) -> None:

@@ -176,7 +176,6 @@ def kv_bytes_per_token_head(cache_dtype: str, head_dim: int) -> float:
     share (kvarn/preset.py), else the page upstream's Triton backend lays out
     (TritonAttentionBackend.customize_spec: the per-token-head modes' inline scales)."""
     import torch
-
     from vllm.kvarn import Preset
 
     if cache_dtype.startswith("kvarn_"):

@@ -6,9 +6,15 @@ from pathlib import Path
 import pytest
 
 from kiln.testing.tinymodel import preset
-from tests.gpu.specs import (SPEED_RUNS, SPEED_SHAPES, hbm_bytes_per_s,
-                             kv_bytes_per_step, kv_bytes_per_token_head, profiled_steps,
-                             profiled_time_us)
+from tests.gpu.specs import (
+    SPEED_RUNS,
+    SPEED_SHAPES,
+    hbm_bytes_per_s,
+    kv_bytes_per_step,
+    kv_bytes_per_token_head,
+    profiled_steps,
+    profiled_time_us,
+)
 
 
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")

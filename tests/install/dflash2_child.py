@@ -60,6 +60,7 @@ def main() -> int:
         Path(out_path).write_text(json.dumps(drive_ranks(target, drafter)))
         return 0
     from vllm.engine.arg_utils import EngineArgs
+
     from vllm.fork.kvarn_backend import runs_model_runner_v2
 
     results: dict[str, dict] = {}
@@ -100,7 +101,6 @@ def scratch_plan(config) -> dict:
 def built_speculator(config) -> str:
     """The class upstream's init_speculator builds for this config, on the CPU."""
     import torch
-
     from vllm.v1.worker.gpu.spec_decode import init_speculator
 
     speculator = init_speculator(config, torch.device("cpu"), cpu_request_states())
@@ -112,13 +112,13 @@ def load_model(config, drafter: str) -> dict:
     builds it (the drafter's own token count) and loaded from the checkpoint."""
     import torch
     from safetensors.torch import load_file
-
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.fork.dflash2_config import settings_of
-    from vllm.fork.dflash2_speculator import drafter_view
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm.fork.dflash2_config import settings_of
+    from vllm.fork.dflash2_speculator import drafter_view
 
     settings = settings_of(config.speculative_config)
     view = drafter_view(config, settings.draft_tokens)
@@ -178,9 +178,9 @@ def drive_speculator(config) -> dict:
 
     import numpy as np
     import torch
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
     from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
-    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
     device = torch.device("cpu")
     states = cpu_request_states()
@@ -265,11 +265,11 @@ def drive_ranks(target: str, drafter: str) -> dict:
 
     import numpy as np
     import torch
-
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+
+    from vllm.fork.dflash2_speculator import KilnDFlash2Speculator
 
     def upstream_propose(self, input_batch, *args, **kwargs):
         num_reqs = input_batch.num_reqs

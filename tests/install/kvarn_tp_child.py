@@ -48,7 +48,6 @@ def fits(ws, *shapes) -> bool:
 def rank_layers(config) -> dict:
     import torch
     import torch.distributed as dist
-
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.qwen3 import Qwen3Attention
     from vllm.utils.torch_utils import set_default_torch_dtype

@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from vllm.platforms import CpuArchEnum, current_platform
 
 # The class, not the instance: a platform instance answers None for unknown names.
@@ -41,8 +40,9 @@ def _engine_config(model: str):
 
 
 def test_this_host_is_x86_without_triton_and_without_the_cpu_extension():
-    from vllm.fork.cpu_fallback_ops import serves_without_triton
     from vllm.triton_utils import HAS_TRITON
+
+    from vllm.fork.cpu_fallback_ops import serves_without_triton
 
     assert current_platform.is_cpu()
     assert current_platform.get_cpu_architecture() == CpuArchEnum.X86

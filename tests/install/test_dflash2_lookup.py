@@ -34,7 +34,7 @@ def ref_match(seq: list[int], min_n: int, max_n: int, width: int) -> tuple[int, 
     ``width`` positions with a continuation before the end; (0, len) if none."""
     T = len(seq)
     for n in range(max_n, min_n - 1, -1):
-        if n >= width or T < n + 1:
+        if n >= width or n + 1 > T:
             continue
         suffix = seq[T - n:]
         for j in range(T - n - 1, max(0, T - width) - 1, -1):

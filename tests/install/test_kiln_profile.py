@@ -20,8 +20,9 @@ try:  # 0.33.0 moved the serve arguments
     from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
 except ImportError:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.fork.profiles import NGRAM, PROFILE_KEYS, ProfileError, apply_profile
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from vllm.fork.profiles import NGRAM, PROFILE_KEYS, ProfileError, apply_profile
 
 VLLM = str(Path(sys.executable).with_name("vllm"))
 
@@ -155,8 +156,8 @@ def test_unknown_value_names_the_allowed_values(parser, model, capsys) -> None:
 
 def test_bare_flag_refuses_a_value(parser, model, capsys) -> None:
     line = refused(parser, model, capsys, "--kiln-profile", "prefix-cache=yes")
-    assert "argument --kiln-profile: prefix-cache='yes' is not a choice; prefix-cache takes " \
-        "no value" in line
+    assert ("argument --kiln-profile: prefix-cache='yes' is not a choice; prefix-cache takes "
+            "no value") in line
 
 
 def test_a_bad_profile_is_one_error_line_from_vllm_serve(model) -> None:

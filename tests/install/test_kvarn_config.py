@@ -16,15 +16,15 @@ from typing import get_args
 
 import pytest
 import torch
-
 from vllm.config.cache import CacheDType
 from vllm.engine.arg_utils import EngineArgs
-from vllm.fork.kvarn_backend import PRESET_BACKENDS, _spec_preset
 from vllm.kvarn import Preset
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.plugins import load_general_plugins
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
+
+from vllm.fork.kvarn_backend import PRESET_BACKENDS, _spec_preset
 
 # As vLLM does in every process before it reads a cache dtype.
 load_general_plugins()
@@ -66,7 +66,7 @@ def model(tmp_path_factory) -> str:
 
 
 def test_the_presets_are_cache_dtypes_stored_as_bytes():
-    assert PRESETS == Preset.names()
+    assert Preset.names() == PRESETS
     # upstream's registry, no edit of the CacheDType literal
     from vllm.config.cache import KV_CACHE_DTYPES, get_kv_cache_dtype_handler
 

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm.kvarn import Preset
+from vllm.kvarn.sidepool import cdiv, required_side_blocks
 
 from tests.install import kvarn_tp_child as child_config  # its constants, not its run
 from tests.install.test_kvarn_config import _tiny_qwen3
-from vllm.kvarn import Preset
-from vllm.kvarn.sidepool import cdiv, required_side_blocks
 
 CHILD = Path(child_config.__file__)
 

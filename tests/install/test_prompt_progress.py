@@ -1,12 +1,12 @@
 """prompt-progress through upstream's real OutputProcessor in the installed fork."""
 
 import pytest
-
-from vllm import SamplingParams
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor
+
+from vllm import SamplingParams
 
 
 def _request(request_id: str, prompt_len: int, opt_in: bool = True) -> EngineCoreRequest:

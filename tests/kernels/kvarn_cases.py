@@ -53,7 +53,7 @@ def make_state(preset: Preset, d: int, heads: int, seq_lens: list[int], query_le
                   .reshape(n_side, 2, g, heads, d).transpose(2, 3))
     ri = si = 0
     k_tiles, v_tiles, dst = [], [], []
-    for b, L in enumerate(seq_lens):
+    for b in range(len(seq_lens)):
         side_table[b, 0] = side_ids[si]
         si += 1
         for i in range(1, flushed[b] + 1):

@@ -244,7 +244,7 @@ class Sim:
                                             spec_decode=bool(drafts)))
         for (req, q, drafts), plan in zip(batch, plans):
             self._device_row(req, q, drafts, plan)
-        for (req, q, drafts), plan in zip(batch, plans):
+        for (req, q, _), plan in zip(batch, plans):
             self._flush_row(req, q, plan)
         for req, q, drafts in batch:
             self._commit(req, q, drafts)
@@ -303,7 +303,7 @@ class Sim:
         if len(req.tokens) == computed:  # a sampled token, then accepted drafts
             sampled = self.rng.randrange(self.cfg.vocab)
             accepted = 0
-            for d in drafts:
+            for _ in drafts:
                 if self.rng.random() > self.cfg.accept:
                     break
                 accepted += 1

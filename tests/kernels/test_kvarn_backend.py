@@ -10,7 +10,6 @@ unquantized rows it should see.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,9 +128,10 @@ class Driver:
         self.free_slots.append(req.slot)
 
     def step(self, batch: list[tuple[Request, int]]) -> torch.Tensor:
-        from vllm.fork import kvarn_lifecycle
         from vllm.v1.attention.backend import CommonAttentionMetadata
         from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+        from vllm.fork import kvarn_lifecycle
 
         for req, q in batch:
             while len(req.blocks) * self.g < req.computed + q:

@@ -3,12 +3,12 @@ reference (dequantize-then-attend in fp32 over the same cache), for the Triton k
 ("prefetch", ``kvarn.decode.VARIANTS``)."""
 import pytest
 import torch
+from kvarn_cases import DEVICE, ON_GPU, capture_graph, check_close, make_state
 
 from kvarn import HEAD_DIMS, Preset
 from kvarn import reference as ref
 from kvarn.decode import attend, attend_rotated, launch_config
 from kvarn.dequant import dequantize_blocks
-from kvarn_cases import DEVICE, ON_GPU, capture_graph, check_close, make_state
 
 if ON_GPU:
     PRESETS = Preset.names()

@@ -8,11 +8,10 @@ import shutil
 
 import pytest
 import torch
-
-from kvarn import Preset
-from kvarn import decode_cuda
-from kvarn import reference as ref
 from kvarn_cases import capture_graph, check_close, make_state
+
+from kvarn import Preset, decode_cuda
+from kvarn import reference as ref
 
 NVCC = shutil.which("nvcc")
 ON_CUDA = (torch.cuda.is_available() and torch.version.hip is None

@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 import torch
+from kvarn_cases import DEVICE, capture_graph, make_state
 
 from kvarn import Preset, decode_cuda, decode_select
 from kvarn import reference as ref
 from kvarn.decode import CHOICES, attend_rotated, default_variant
-from kvarn_cases import DEVICE, capture_graph, make_state
 
 ON_CUDA = (torch.cuda.is_available() and torch.version.hip is None
            and not os.environ.get("TRITON_INTERPRET"))

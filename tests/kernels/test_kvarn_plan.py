@@ -3,14 +3,13 @@ with skipped entries: each kernel against its reference."""
 from __future__ import annotations
 
 import torch
+from kvarn_cases import DEVICE, rotated_rows
 
 from kvarn import PagedKV, Preset
 from kvarn import reference as ref
 from kvarn.dequant import restore_sinks
 from kvarn.flush import flush
-from kvarn.plan import (flush_targets, flush_targets_reference, stage_slots,
-                        stage_slots_reference)
-from kvarn_cases import DEVICE, rotated_rows
+from kvarn.plan import flush_targets, flush_targets_reference, stage_slots, stage_slots_reference
 
 
 def _rows(gen, g, num_rows):
@@ -111,8 +110,9 @@ def test_flush_skips_negative_targets():
 
 
 def test_materialize_rows_matches_the_reference_view():
-    from kvarn.dequant import materialize_rows
     from kvarn_cases import make_state
+
+    from kvarn.dequant import materialize_rows
 
     p = Preset.parse("kvarn_k4v2_g64")
     d, h, g = 64, 2, 64

@@ -2,10 +2,10 @@
 paged attention."""
 import pytest
 import torch
-
-from kvarn import PagedKV, Preset
-from kvarn import reference as ref
 from kvarn_cases import make_state
+
+from kvarn import Preset
+from kvarn import reference as ref
 
 P128 = Preset.parse("kvarn_k4v2_g128")
 

@@ -3,9 +3,9 @@ randomized runs of a simulated engine (sidepool_sim) that checks every read."""
 from __future__ import annotations
 
 import pytest
+from sidepool_sim import Sim, SimConfig
 
 from kvarn.sidepool import SidePool, SidePoolExhausted, cdiv, required_side_blocks
-from sidepool_sim import Sim, SimConfig
 
 G = 4
 

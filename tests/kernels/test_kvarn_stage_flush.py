@@ -1,12 +1,12 @@
 """Rotate-and-stage and flush kernels against the reference."""
 import pytest
 import torch
+from kvarn_cases import DEVICE, ON_GPU, rotated_rows
 
 from kvarn import PagedKV, Preset
 from kvarn import reference as ref
 from kvarn.flush import flush
 from kvarn.rotate import rotate, rotate_and_stage
-from kvarn_cases import DEVICE, ON_GPU, rotated_rows
 
 # Full shapes on a GPU, small ones under the CPU interpreter.
 PRESETS = Preset.names() if ON_GPU else ("kvarn_k4v2_g64", "kvarn_k4v4_g64")

@@ -24,9 +24,10 @@ import torch
 pytest.importorskip("vllm.envs", reason="needs the installed fork wheel")
 pytest.importorskip("vllm.fork.spec_attn", reason="needs the installed fork wheel")
 
+from specattn_cases import DEVICE, relative_errors  # noqa: E402
+
 from specattn import Mode, PagedCache  # noqa: E402
 from specattn import reference as ref  # noqa: E402
-from specattn_cases import DEVICE, relative_errors  # noqa: E402
 
 H_Q, H_KV, D, PAGE = 8, 2, 64, 16
 K_SPEC = 4  # drafted tokens: verify batches of 5 query tokens per request
@@ -61,6 +62,7 @@ def model_dir(tmp_path_factory) -> str:
 def fresh(monkeypatch):
     """The knob on, and no pools or knob decisions left from another test."""
     import vllm.specattn
+
     from vllm.fork import spec_attn, spec_scratch
 
     monkeypatch.setenv("VLLM_TRITON_SPEC_VERIFY_ATTN", "1")
@@ -255,8 +257,9 @@ def test_batches_the_kernel_does_not_take_stay_on_upstreams_path(model_dir, fres
 def test_prewarm_query_lens_cover_every_row_layout():
     """A verify batch of any length 2..16 launches a row layout (so a compile key) that
     the prewarm's lengths already launched, at every GQA and head size served."""
-    from vllm.fork import spec_attn
     from vllm.specattn.verify import row_blocks
+
+    from vllm.fork import spec_attn
 
     for gqa in (1, 2, 3, 4, 6, 8, 16):
         for head in (64, 80, 128, 256):
@@ -361,6 +364,7 @@ def test_full_graph_threshold_is_the_builders(model_dir, fresh, caplog):
     """With full CUDA graphs upstream snaps the threshold to a capture size; the pool's
     plan must agree, or the profile reserved the wrong rows."""
     from vllm.config import CUDAGraphMode
+
     from vllm.fork import spec_scratch
 
     config = _config(model_dir, "auto")

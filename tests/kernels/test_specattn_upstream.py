@@ -22,10 +22,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
+from specattn_cases import DEVICE, ON_GPU, has_upstream_vllm, relative_errors, scratch  # noqa: E402
+
 from specattn import CACHE_DTYPES, PagedCache, verify_attention  # noqa: E402
 from specattn import reference as ref  # noqa: E402
-from specattn_cases import (DEVICE, ON_GPU, has_upstream_vllm, relative_errors,  # noqa: E402
-                            scratch)
 
 H_KV, GQA, D, PAGE = 2, 4, 64, 16
 DTYPES = ["float16", "fp8", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"]

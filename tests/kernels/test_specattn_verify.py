@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from specattn_cases import DEVICE, DTYPES, ON_GPU, make_batch, relative_errors, scratch
 
 from specattn import MAX_QUERY_LEN, Mode, PagedCache, verify_attention
 from specattn import reference as ref
 from specattn.verify import row_blocks
-from specattn_cases import DEVICE, DTYPES, ON_GPU, make_batch, relative_errors, scratch
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="GPU-only shape (needs CUDA, no interpreter)")
 QUERY_LENS = [1, 2, 5, 8, 16]

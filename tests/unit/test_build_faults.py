@@ -22,7 +22,6 @@ from kiln.build.kvarncuda import cuda_build
 from kiln.paths import REPO_ROOT
 from tests.unit.conftest import KilnCheckout, can_mount_in_own_namespace
 
-
 ATTEMPTS = 5
 
 

@@ -59,7 +59,8 @@ def test_every_carried_topic_parses_to_the_files_git_names(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("--- a/x\n+++ b/x\n@@ -1,3 +1,3 @@\n a\n", "0001-x.patch: the hunk at line 3 (@@ -1,3 +1,3 @@) ends early: 2 old and 2 new line(s) missing"),
+    ("--- a/x\n+++ b/x\n@@ -1,3 +1,3 @@\n a\n",
+     "0001-x.patch: the hunk at line 3 (@@ -1,3 +1,3 @@) ends early: 2 old and 2 new line(s) missing"),
     ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n*a\n", "0001-x.patch: line 4 in a hunk starts with '*'; allowed"),
 ])
 def test_a_malformed_hunk_is_refused_naming_where(text, message):

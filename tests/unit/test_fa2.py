@@ -92,7 +92,7 @@ def test_a_real_binary_without_schemas_fails_naming_the_file(files):
 def test_the_pin_names_the_sdists_flash_attention_commit(files):
     pin = fa2.flash_attention_pin(files)
     assert pin.version == VERSION and len(pin.commit) == 40
-    line = next(l for l in fa2.PIN_PATH.read_text().splitlines() if l.startswith(f"{VERSION} "))
+    line = next(ln for ln in fa2.PIN_PATH.read_text().splitlines() if ln.startswith(f"{VERSION} "))
     assert line == str(pin)
 
 
@@ -111,7 +111,7 @@ def _broken_copy(pristine: Path, tmp_path: Path, op: str, edit) -> tuple[Path, i
     call = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Attribute) and n.func.attr == op)
     lines = text.splitlines(keepends=True)
-    offset = lambda line, col: sum(len(l) for l in lines[:line - 1]) + col  # noqa: E731
+    offset = lambda line, col: sum(len(ln) for ln in lines[:line - 1]) + col  # noqa: E731
     text = edit(text, call, offset)
     target = tmp_path / "tree" / WRAPPER
     target.parent.mkdir(parents=True)
@@ -225,11 +225,11 @@ def test_a_pin_without_its_series_yet_is_checked_pristine_with_the_checkouts_for
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "no series in patches/0.34.0/ yet: checking pristine vLLM 0.34.0"
-    assert [l for l in lines if l.startswith("FAIL")] == [
-        f"FAIL kvarn/broken_ops.py:3: torch.ops._C_cache_ops.reshape_and_cache: missing required "
+    assert [ln for ln in lines if ln.startswith("FAIL")] == [
+        (f"FAIL kvarn/broken_ops.py:3: torch.ops._C_cache_ops.reshape_and_cache: missing required "
         f"argument(s) key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale (an "
         f"argument without a default must be passed, even when it may be None); schema: "
-        f"{fa2.Snapshot.load('0.34.0').namespaces['_C_cache_ops'].schemas['reshape_and_cache']}"]
+        f"{fa2.Snapshot.load('0.34.0').namespaces['_C_cache_ops'].schemas['reshape_and_cache']}")]
 
 
 def test_a_tree_is_checked_with_the_checkouts_fork(checkout_without_series, tmp_path):

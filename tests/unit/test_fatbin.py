@@ -210,8 +210,8 @@ SOURCES = {
     "old.cu": "-gencode=arch=compute_80,code=[sm_80,compute_80]",
     "hopper.cu": "-gencode=arch=compute_90a,code=[sm_90a,compute_90a]",
 }
-KERNEL = "__global__ void k_{0}(float *x, float a, int n) {{ int i = blockIdx.x * blockDim.x " \
-         "+ threadIdx.x; if (i < n) x[i] = x[i] * a + {1}.0f; }}\n"
+KERNEL = ("__global__ void k_{0}(float *x, float a, int n) {{ int i = blockIdx.x * blockDim.x "
+          "+ threadIdx.x; if (i < n) x[i] = x[i] * a + {1}.0f; }}\n")
 
 
 @pytest.fixture(scope="module")

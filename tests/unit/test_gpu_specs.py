@@ -2,9 +2,17 @@
 profile, and the profiler table's total."""
 import pytest
 
-from tests.gpu.specs import (SCENARIOS, hbm_bytes_per_s, kv_bytes_per_step,
-                             kv_bytes_per_token_head, profiled_steps, profiled_time_us,
-                             speed_profile_steps, speed_runs, speed_shapes)
+from tests.gpu.specs import (
+    SCENARIOS,
+    hbm_bytes_per_s,
+    kv_bytes_per_step,
+    kv_bytes_per_token_head,
+    profiled_steps,
+    profiled_time_us,
+    speed_profile_steps,
+    speed_runs,
+    speed_shapes,
+)
 
 
 def test_speed_shapes_default_to_the_full_table():

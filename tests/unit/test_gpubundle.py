@@ -8,8 +8,14 @@ import pytest
 
 from kiln.build.pins import canonical
 from kiln.errors import KilnError
-from kiln.testing.gpubundle import (build_gpu_bundle, bundle_xgrammar, check_budget, glibc_needed,
-                                    parse_archs, platform_tags)
+from kiln.testing.gpubundle import (
+    build_gpu_bundle,
+    bundle_xgrammar,
+    check_budget,
+    glibc_needed,
+    parse_archs,
+    platform_tags,
+)
 from kiln.testing.gpulock import GpuBundleLock
 
 
@@ -85,8 +91,8 @@ def test_the_lock_pins_cp312_linux_wheels_of_what_the_gpu_machine_lacks():
 
 
 @pytest.mark.parametrize("text, missing", [
-    ('python_version = "3.12"\n[wheels.a]\nwheel = "a-1-py3-none-any.whl"\n'
-     'wheel_sha256 = "00"\n', "platforms"),
+    (('python_version = "3.12"\n[wheels.a]\nwheel = "a-1-py3-none-any.whl"\n'
+     'wheel_sha256 = "00"\n'), "platforms"),
     ('python_version = "3.12"\nplatforms = []\n[wheels.a]\nwheel = "a-1-py3-none-any.whl"\n',
      "wheel_sha256"),
 ])

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.testing.gpurun import (MANIFEST, Machine, glibc_version, gpu_visible, junit_counts, main,
-                                 refusal, summary)
+from kiln.testing.gpurun import MANIFEST, Machine, glibc_version, gpu_visible, junit_counts, main, refusal, summary
 
 MANIFEST_DATA = {"fork_version": "0.32.0+kiln.1", "archs": [90], "python_version": "3.12",
                  "platforms": ["manylinux_2_31_x86_64"], "files": {}}
@@ -35,8 +34,8 @@ def test_the_lent_h200_is_accepted():
     ({"gpus": 0, "device": None, "capability": None},
      "torch 2.11.0+cu130 (CUDA 13.0) sees no CUDA GPU"),
     ({"device": "NVIDIA GeForce RTX 3090", "capability": "8.6"},
-     "the GPU is NVIDIA GeForce RTX 3090, compute capability 8.6 (sm_86); the bundle was built "
-     "for sm_90: build one with `python3 -m kiln gpu-bundle --arch 86`"),
+     ("the GPU is NVIDIA GeForce RTX 3090, compute capability 8.6 (sm_86); the bundle was built "
+     "for sm_90: build one with `python3 -m kiln gpu-bundle --arch 86`")),
 ])
 def test_a_machine_the_bundle_cannot_run_on_is_refused_with_the_reason(change, message):
     assert message in (refusal(Machine(**{**H200.__dict__, **change}), MANIFEST_DATA) or "")

@@ -39,8 +39,8 @@ def test_without_nvcc_the_library_is_skipped_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     lines = []
     assert build_kvarn_library(REPO_ROOT, tmp_path / "out", lines.append) == {}
-    assert lines == ["csrc/kvarn: skipped libkvarn_decode.so: no nvcc (not on PATH nor in "
-                     "$CUDA_HOME/bin); the wheel's KVarN decode uses its Triton kernel"]
+    assert lines == [("csrc/kvarn: skipped libkvarn_decode.so: no nvcc (not on PATH nor in "
+                     "$CUDA_HOME/bin); the wheel's KVarN decode uses its Triton kernel")]
     assert not (tmp_path / "out").exists()
 
 

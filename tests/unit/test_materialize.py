@@ -23,7 +23,8 @@ def test_materialize_tags_pristine_and_commits_each_topic(pristine, series, tmp_
     repo = materialize(pristine, "1.0.0", series, tmp_path / "git", log=lambda _: None)
     assert git(repo, "tag").split() == ["v1.0.0"]
     assert git(repo, "branch", "--show-current").strip() == "fork/1.0.0"
-    first_lines = [m.split("\n")[0] for m in git(repo, "log", "-z", "--format=%B", "v1.0.0..fork/1.0.0").split("\0") if m]
+    log = git(repo, "log", "-z", "--format=%B", "v1.0.0..fork/1.0.0")
+    first_lines = [m.split("\n")[0] for m in log.split("\0") if m]
     assert first_lines == ["Topic: new-file", "Topic: bee"]
     assert git(repo, "log", "-1", "--format=%B", "HEAD~1").rstrip("\n") == series.topics[0].message
     assert (repo / "vllm" / "c.py").read_text() == "C = 3\n"

@@ -130,11 +130,11 @@ def test_pin_bump_that_moves_torch_says_what_moves_and_what_must_be_rebuilt(tmp_
     assert result.torch.describe() == [
         "torch moves: 2.14.0 -> 2.15.0; with it torchaudio: torchaudio==2.11.0 -> torchaudio==2.12.0",
         "rebuild against the new torch:",
-        "  the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
-        "`tests/run` makes a new venv with torch==2.15.0",
-        "  the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, now "
+        ("  the CPU test venv: kiln/testing/testenv.py installs the wheel's own torch pin, so the next "
+        "`tests/run` makes a new venv with torch==2.15.0"),
+        ("  the GPU bundle (`python -m kiln gpu-bundle`): it carries upstream's compiled ops, now "
         "built against torch 2.15.0, to a machine that keeps its own torch; rebuild it and rerun "
-        "tests/gpu there",
+        "tests/gpu there"),
     ]
 
 

@@ -146,7 +146,8 @@ def test_a_fork_enum_value_meeting_a_new_upstream_member_and_alias(tmp_path):
 
 
 SPEC_OLD = "class Base:\n    def propose(self, batch, dp_sync=None):\n        raise NotImplementedError\n"
-SPEC_NEW = "class Base:\n    def propose(self, batch, dp_sync=None, kv_cache_spec=None):\n        raise NotImplementedError\n"
+SPEC_NEW = ("class Base:\n    def propose(self, batch, dp_sync=None, kv_cache_spec=None):\n"
+            "        raise NotImplementedError\n")
 
 
 def test_an_override_whose_base_gained_a_parameter(tmp_path):

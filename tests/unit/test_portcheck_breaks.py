@@ -77,7 +77,8 @@ def test_the_removed_is_custom_mode_read_through_getattr_is_a_silent_default(fin
 
 
 def test_the_deprecated_parallel_drafting_is_found_through_vllm_config(findings):
-    (finding,) = by_where(findings, "vllm/fork/spec_scratch.py::vllm.config.speculative.SpeculativeConfig.parallel_drafting")
+    (finding,) = by_where(
+        findings, "vllm/fork/spec_scratch.py::vllm.config.speculative.SpeculativeConfig.parallel_drafting")
     assert finding.kind == "deprecated"
     assert "its docstring: Deprecated and has no effect." in finding.detail
 

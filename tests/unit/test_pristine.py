@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.upstream.fetch import PristineFiles
 from kiln.paths import REPO_ROOT
-from kiln.upstream.lock import PinnedFile, UpstreamRelease
 from kiln.series.patching import apply_series_into
-from kiln.upstream.pristine import PristineTree
 from kiln.series.series import Series
+from kiln.upstream.fetch import PristineFiles
+from kiln.upstream.lock import PinnedFile, UpstreamRelease
+from kiln.upstream.pristine import PristineTree
 from tests.unit.conftest import make_diff, write_patch
 
 FILES = {"vllm/a.py": "A = 1\n", "vllm/b.py": "def f(x):\n    return x + 1\n", "tools/run.sh": "#!/bin/sh\n"}

@@ -55,11 +55,10 @@ def _write_cut_after_open(out: zipfile.ZipFile, handles: list | None = None) -> 
 
 def test_a_zip_write_cut_inside_a_block_leaves_only_terminated():
     buf = io.BytesIO()
-    with handled(), pytest.raises(Terminated):
-        with zipfile.ZipFile(buf, "w") as out:
-            with uninterrupted():
-                _write_cut_after_open(out)
-            pytest.fail("SIGTERM was not raised between entries")
+    with handled(), pytest.raises(Terminated), zipfile.ZipFile(buf, "w") as out:
+        with uninterrupted():
+            _write_cut_after_open(out)
+        pytest.fail("SIGTERM was not raised between entries")
     with zipfile.ZipFile(buf) as z:
         assert z.read("a") == b"x" * 1000
 
@@ -68,9 +67,9 @@ def test_a_zip_write_cut_outside_a_block_cannot_close():
     """The failure the block guards against: the handle stays open, and closing the
     archive raises a ValueError that hides Terminated."""
     handles: list = []
-    with handled(), pytest.raises(ValueError, match="open writing handle") as caught:
-        with zipfile.ZipFile(io.BytesIO(), "w") as out:
-            _write_cut_after_open(out, handles)
+    with handled(), pytest.raises(ValueError, match="open writing handle") as caught, \
+            zipfile.ZipFile(io.BytesIO(), "w") as out:
+        _write_cut_after_open(out, handles)
     assert isinstance(caught.value.__context__, Terminated)
     handles[0].close()
     out.close()

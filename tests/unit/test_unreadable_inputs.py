@@ -66,8 +66,8 @@ def test_a_series_file_that_is_not_utf8_is_named(tmp_path):
     (LOCK.replace('sdist_sha256 = "0"', "sdist_sha256 = [0]"),
      'versions."1.0.0".sdist_sha256 is an array ([0]); expected a string'),
     (LOCK.replace('[versions."1.0.0"]\n', "[versions]\n\"1.0.0\" = 1\n[other]\n"),
-     'versions."1.0.0" is an integer (1); expected a table (wheel, wheel_sha256, sdist, '
-     "sdist_sha256)"),
+     ('versions."1.0.0" is an integer (1); expected a table (wheel, wheel_sha256, sdist, '
+     "sdist_sha256)")),
     (LOCK.replace('default = "1.0.0"', "default = 1.0"),
      "default is a float (1.0); expected a string (a pinned version)"),
 ], ids=["versions", "wheel", "sha256", "version-entry", "default"])

@@ -35,7 +35,7 @@ def test_other_pythons_are_refused_naming_the_allowed_set(value):
 
 
 def test_the_running_python_is_found_as_itself():
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     python, _ = find_python(version)
     assert python is not None and python.version == version
     assert python.tag == "cp" + version.replace(".", "")
@@ -44,7 +44,7 @@ def test_the_running_python_is_found_as_itself():
 def test_a_missing_python_is_named_with_how_to_get_it(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     with pytest.raises(KilnError) as err:
         find_pythons([version, "3.99"])
     assert str(err.value) == (
@@ -56,7 +56,7 @@ def test_a_missing_python_is_named_with_how_to_get_it(tmp_path: Path, monkeypatc
 
 def test_build_xgrammar_stops_before_building_when_a_python_is_missing(tmp_path: Path,
                                                                       monkeypatch, capsys):
-    missing = next(v for v in PYTHONS if v != "%d.%d" % sys.version_info[:2])
+    missing = next(v for v in PYTHONS if v != "{}.{}".format(*sys.version_info[:2]))
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
@@ -91,7 +91,7 @@ def test_two_wheels_for_one_python_are_refused():
 def test_test_env_refuses_xgrammar_wheels_none_of_which_is_for_its_python(tmp_path: Path,
                                                                           capsys):
     """Checked before any venv is made: the venv's Python is this one."""
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     wheel = tmp_path / f"vllm-{UpstreamLock.load().default}+kiln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
     wheel.write_bytes(b"not read")
     others = [tmp_path / w.name for w in WHEELS if f"-cp{version.replace('.', '')}-" not in w.name]

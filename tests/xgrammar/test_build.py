@@ -6,8 +6,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from kiln.paths import REPO_ROOT
 from kiln.build.xgrammar import PYTHONS, XgrammarLock, build_xgrammar, find_pythons, load_series
+from kiln.paths import REPO_ROOT
 from tests.xgrammar.conftest import decisions
 
 

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from kiln.abi.manylinux import audit
+from kiln.build.xgrammar import PROVIDED_LIBS, PYTHONS, XgrammarBuild, XgrammarLock, build_xgrammar, find_pythons
 from kiln.paths import REPO_ROOT
-from kiln.build.xgrammar import (PROVIDED_LIBS, PYTHONS, XgrammarBuild, XgrammarLock,
-                                 build_xgrammar, find_pythons)
 
 HERE = Path(__file__).resolve().parent
 # The README's line for the fork's xgrammar alone (its CPU install); the GPU line adds

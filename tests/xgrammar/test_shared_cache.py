@@ -40,7 +40,7 @@ def results(envs) -> dict:
     return dict(zip(GRAMMARS, json.loads(result.stdout)["results"]))
 
 
-@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: "%s-%d-%d" % g)
+@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: "{}-{}-{}".format(*g))
 def test_one_compiler_keeps_each_bounds_own_mask(results, grammar):
     style, lo, hi = grammar
     got = results[grammar]

@@ -18,8 +18,8 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kiln.paths import cache_dir
 from kiln.build.xgrammar import XgrammarEnvs, XgrammarLock, sdist_tests
+from kiln.paths import cache_dir
 
 # Upstream tests whose outcome the fork changes on purpose: node id prefix -> reason.
 EXPECTED_CHANGES: dict[str, str] = {

@@ -13,7 +13,6 @@ from collections.abc import Awaitable
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
-
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
 # Exact paths; load balancers and orchestrators probe them without credentials.

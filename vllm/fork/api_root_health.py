@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
+from vllm.version import __version__ as VLLM_VERSION
 
 from vllm.fork.api_auth import allow_unauthenticated
-from vllm.version import __version__ as VLLM_VERSION
 
 ROOT_TEXT = "vLLM is running"
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from vllm.logger import init_logger
 
 from vllm.fork import cpu_runner_ops, cpu_sampling_ops
-from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.platforms.interface import Platform
@@ -287,36 +287,36 @@ _OPS: dict[str, tuple[str, Callable[..., object]]] = {
     "init_cpu_memory_env": ("(SymInt[] node_ids) -> ()", _init_cpu_memory_env),
     "cpu_attn_has_isa": ("(str isa) -> bool", _cpu_attn_has_isa),
     "get_scheduler_metadata": (
-        "(int num_req, int num_heads_q, int num_heads_kv, int head_dim, "
+        ("(int num_req, int num_heads_q, int num_heads_kv, int head_dim, "
         "Tensor seq_lens, ScalarType dtype, Tensor query_start_loc, bool casual, "
         "int window_size, str isa_hint, bool enable_kv_split, "
-        'Tensor? dynamic_causal, str kv_cache_dtype="auto") -> Tensor',
+        'Tensor? dynamic_causal, str kv_cache_dtype="auto") -> Tensor'),
         _get_scheduler_metadata,
     ),
     "cpu_attn_reshape_and_cache": (
-        "(Tensor key, Tensor value, Tensor(a2!) key_cache, "
+        ("(Tensor key, Tensor value, Tensor(a2!) key_cache, "
         "Tensor(a3!) value_cache, Tensor slot_mapping, str isa, "
-        'float k_scale=1.0, float v_scale=1.0, str kv_cache_dtype="auto") -> ()',
+        'float k_scale=1.0, float v_scale=1.0, str kv_cache_dtype="auto") -> ()'),
         _cpu_attn_reshape_and_cache,
     ),
     "cpu_attention_with_kv_cache": (
-        "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a3!) output, "
+        ("(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a3!) output, "
         "Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, "
         "Tensor? alibi_slopes, SymInt sliding_window_size, Tensor block_table, "
         "float softcap, Tensor scheduler_metadata, Tensor? s_aux, "
         "Tensor? dynamic_causal, float k_scale=1.0, float v_scale=1.0, "
-        'str kv_cache_dtype="auto") -> ()',
+        'str kv_cache_dtype="auto") -> ()'),
         _cpu_attention_with_kv_cache,
     ),
     "compute_slot_mapping_kernel_impl": (
-        "(Tensor query_start_loc, Tensor positions, Tensor block_table, "
-        "Tensor(a3!) slot_mapping, SymInt block_size) -> ()",
+        ("(Tensor query_start_loc, Tensor positions, Tensor block_table, "
+        "Tensor(a3!) slot_mapping, SymInt block_size) -> ()"),
         _compute_slot_mapping_kernel_impl,
     ),
     "rotary_embedding": (
-        "(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+        ("(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, "
-        "bool inverse=False) -> ()",
+        "bool inverse=False) -> ()"),
         _rotary_embedding,
     ),
     "greedy_argmax": ("(Tensor logits) -> Tensor", _greedy_argmax),
@@ -326,73 +326,73 @@ _OPS: dict[str, tuple[str, Callable[..., object]]] = {
     ),
     "convert_weight_packed": ("(Tensor! weight) -> Tensor", _convert_weight_packed),
     "weight_packed_linear": (
-        "(Tensor(a0!) out, Tensor mat1, Tensor mat2, Tensor? bias, "
-        "bool is_vnni) -> ()",
+        ("(Tensor(a0!) out, Tensor mat1, Tensor mat2, Tensor? bias, "
+        "bool is_vnni) -> ()"),
         _weight_packed_linear,
     ),
     # Upstream's standalone CPU runner (vllm/_cpu_ops.py); its compiled ops are
     # built into non-x86 CPU wheels only.
     "gather_block_table_cpu": (
-        "(Tensor block_table, Tensor(a1!) output, Tensor idx_mapping, "
-        "Tensor num_blocks, SymInt num_reqs_padded) -> ()",
+        ("(Tensor block_table, Tensor(a1!) output, Tensor idx_mapping, "
+        "Tensor num_blocks, SymInt num_reqs_padded) -> ()"),
         cpu_runner_ops.gather_block_table,
     ),
     "compute_slot_mapping_cpu": (
-        "(Tensor block_table, Tensor(a1!) slot_mapping, Tensor idx_mapping, "
+        ("(Tensor block_table, Tensor(a1!) slot_mapping, Tensor idx_mapping, "
         "Tensor query_start_loc, Tensor positions, SymInt block_size, "
-        "bool mapping_enabled, SymInt pad_slot_id) -> ()",
+        "bool mapping_enabled, SymInt pad_slot_id) -> ()"),
         cpu_runner_ops.compute_slot_mapping,
     ),
     "prepare_prefill_inputs_cpu": (
-        "(Tensor(a0!) input_ids, Tensor(a1!) next_prefill_tokens, "
+        ("(Tensor(a0!) input_ids, Tensor(a1!) next_prefill_tokens, "
         "Tensor idx_mapping, Tensor query_start_loc, Tensor all_token_ids, "
-        "Tensor prefill_len, Tensor num_computed_tokens) -> ()",
+        "Tensor prefill_len, Tensor num_computed_tokens) -> ()"),
         cpu_runner_ops.prepare_prefill_inputs,
     ),
     "get_prompt_logprobs_token_ids_cpu": (
-        "(SymInt num_tokens, Tensor query_start_loc, Tensor idx_mapping, "
-        "Tensor num_computed_tokens, Tensor all_token_ids) -> Tensor",
+        ("(SymInt num_tokens, Tensor query_start_loc, Tensor idx_mapping, "
+        "Tensor num_computed_tokens, Tensor all_token_ids) -> Tensor"),
         cpu_runner_ops.get_prompt_logprobs_token_ids,
     ),
     "prepare_pos_seq_lens_cpu": (
-        "(Tensor idx_mapping, Tensor query_start_loc, Tensor num_computed_tokens, "
-        "Tensor(a3!) pos, Tensor(a4!) seq_lens) -> ()",
+        ("(Tensor idx_mapping, Tensor query_start_loc, Tensor num_computed_tokens, "
+        "Tensor(a3!) pos, Tensor(a4!) seq_lens) -> ()"),
         cpu_runner_ops.prepare_pos_seq_lens,
     ),
     "prepare_mrope_positions_cpu": (
-        "(Tensor(a0!) positions, Tensor prefill_positions, Tensor prefill_delta, "
+        ("(Tensor(a0!) positions, Tensor prefill_positions, Tensor prefill_delta, "
         "Tensor idx_mapping, Tensor query_start_loc, Tensor prefill_lens, "
-        "Tensor num_computed_tokens) -> ()",
+        "Tensor num_computed_tokens) -> ()"),
         cpu_runner_ops.prepare_mrope_positions,
     ),
     "combine_sampled_and_draft_tokens_cpu": (
-        "(Tensor(a0!) input_ids, Tensor idx_mapping, Tensor last_sampled_tokens, "
+        ("(Tensor(a0!) input_ids, Tensor idx_mapping, Tensor last_sampled_tokens, "
         "Tensor query_start_loc, Tensor seq_lens, Tensor prefill_len, "
         "Tensor draft_tokens, Tensor cu_num_logits, SymInt num_logits, "
-        "SymInt num_new_sampled_tokens) -> Tensor",
+        "SymInt num_new_sampled_tokens) -> Tensor"),
         cpu_runner_ops.combine_sampled_and_draft_tokens,
     ),
     "post_update_cpu": (
-        "(Tensor idx_mapping, Tensor(a1!) num_computed_tokens, "
+        ("(Tensor idx_mapping, Tensor(a1!) num_computed_tokens, "
         "Tensor(a2!) last_sampled_tokens, Tensor(a3!)? output_bin_counts, "
         "Tensor sampled_tokens, Tensor num_sampled, Tensor num_rejected, "
         "Tensor? query_start_loc, Tensor(a8!) all_token_ids, "
-        "Tensor(a9!) total_len) -> ()",
+        "Tensor(a9!) total_len) -> ()"),
         cpu_runner_ops.post_update,
     ),
     "gumbel_sample_cpu": (
-        "(Tensor logits, Tensor expanded_idx_mapping, Tensor temperature, "
+        ("(Tensor logits, Tensor expanded_idx_mapping, Tensor temperature, "
         "Tensor seeds, Tensor positions, bool apply_temperature, "
-        "bool is_drafting, bool use_fp64) -> Tensor",
+        "bool is_drafting, bool use_fp64) -> Tensor"),
         cpu_sampling_ops.gumbel_sample,
     ),
     "apply_logit_bias_cpu": (
-        "(Tensor(a0!) logits, Tensor expanded_idx_mapping, Tensor positions, "
+        ("(Tensor(a0!) logits, Tensor expanded_idx_mapping, Tensor positions, "
         "Tensor num_allowed_token_ids, Tensor allowed_token_ids, "
         "Tensor num_logit_bias, Tensor logit_bias_token_ids, Tensor logit_bias, "
         "Tensor min_lens, Tensor num_stop_token_ids, "
         "Tensor restore_when_all_masked, Tensor stop_token_ids, "
-        "bool check_all_masked_rows) -> ()",
+        "bool check_all_masked_rows) -> ()"),
         cpu_sampling_ops.apply_logit_bias,
     ),
 }

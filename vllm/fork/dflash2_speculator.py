@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
-from vllm.fork import spec_lookup
-from vllm.fork.dflash2_config import settings_of, verify_count
 from vllm.logger import init_logger
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+
+from vllm.fork import spec_lookup
+from vllm.fork.dflash2_config import settings_of, verify_count
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu.dp_utils import DPSyncState

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 
 from vllm.fork.spec_lookup import dflash_prewarm_plan
-from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 

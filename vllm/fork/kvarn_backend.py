@@ -23,12 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-
 from vllm.config import get_current_vllm_config_or_none
-from vllm.fork.kvarn_config import side_pool_plan
-from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, KVarNCacheDType, is_kvarn_dtype
-from vllm.fork.kvarn_lifecycle import SidePoolLifecycle
-from vllm.fork.plugin import KVARN_BACKEND, register
 from vllm.kvarn import HEAD_DIMS, PagedKV, Preset
 from vllm.kvarn.decode_select import DecodeSelector
 from vllm.kvarn.sidepool import SidePool, cdiv
@@ -49,6 +44,11 @@ from vllm.v1.worker.workspace import (
     current_workspace_manager,
     is_workspace_manager_initialized,
 )
+
+from vllm.fork.kvarn_config import side_pool_plan
+from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, KVarNCacheDType, is_kvarn_dtype
+from vllm.fork.kvarn_lifecycle import SidePoolLifecycle
+from vllm.fork.plugin import KVARN_BACKEND, register
 
 if TYPE_CHECKING:
     from vllm.platforms.interface import DeviceCapability

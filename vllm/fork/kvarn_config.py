@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
 from vllm.kvarn.preset import HEAD_DIMS, Preset
 from vllm.kvarn.sidepool import required_side_blocks
 from vllm.logger import init_logger
+
+from vllm.fork.kvarn_dtypes import KVARN_CACHE_DTYPES, is_kvarn_dtype
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

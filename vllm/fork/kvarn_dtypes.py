@@ -7,7 +7,6 @@ imports nothing from vLLM at import time (only the torch-only vllm.kvarn package
 from __future__ import annotations
 
 import torch
-
 from vllm.kvarn.preset import Preset
 
 KVARN_CACHE_DTYPES: tuple[str, ...] = Preset.names()

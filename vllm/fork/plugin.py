@@ -8,8 +8,9 @@ KVARN_BACKEND = ("KVARN", "vllm.fork.kvarn_backend.KVarNAttentionBackend")
 
 
 def register() -> None:
-    from vllm.fork.kvarn_dtypes import register_kvarn_dtypes
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from vllm.fork.kvarn_dtypes import register_kvarn_dtypes
 
     register_kvarn_dtypes()
 

@@ -201,8 +201,8 @@ def profile_text(text: str) -> str:
 
 
 def profile_help() -> str:
-    lines = ["Comma-separated items, each setting engine arguments unless those "
-             "are given explicitly (an explicit argument always wins):", ""]
+    lines = [("Comma-separated items, each setting engine arguments unless those "
+             "are given explicitly (an explicit argument always wins):"), ""]
     for key in PROFILE_KEYS.values():
         lines.append(f"* {key.name}: {key.help}")
         for value, choice in key.choices.items():

@@ -25,9 +25,9 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+from vllm.logger import init_logger
 
 from vllm import envs
-from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
@@ -54,9 +54,7 @@ def enabled(kv_cache_dtype: str) -> bool:
     on = _enabled.get(kv_cache_dtype)
     if on is None:
         setting = envs.VLLM_TRITON_SPEC_VERIFY_ATTN
-        if importlib.util.find_spec("triton") is None:
-            on = False
-        elif kv_cache_dtype not in _cache_modes():
+        if importlib.util.find_spec("triton") is None or kv_cache_dtype not in _cache_modes():
             on = False
         elif setting is not None:
             on = setting

@@ -22,10 +22,10 @@ import atexit
 from dataclasses import dataclass
 
 import torch
-
 from vllm.config import SpeculativeConfig, VllmConfig, get_current_vllm_config
-from vllm.fork import scratch_sizing as sizing
 from vllm.logger import init_logger
+
+from vllm.fork import scratch_sizing as sizing
 
 logger = init_logger(__name__)
 
@@ -114,6 +114,7 @@ def plan(vllm_config: VllmConfig, num_kv_heads: int, kv_cache_dtype: str,
          min_grid: int = MIN_LAUNCH_GRID_SIZE_2D) -> Plan:
     """The pool's rows for a layer group with ``num_kv_heads`` KV heads."""
     from vllm.config import CUDAGraphMode
+
     from vllm.fork import spec_attn
 
     compilation = vllm_config.compilation_config

@@ -17,8 +17,9 @@ import os
 import threading
 import time
 
-from vllm import envs
 from vllm.logger import init_logger
+
+from vllm import envs
 
 logger = init_logger(__name__)
 

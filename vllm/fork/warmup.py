@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -67,10 +66,11 @@ def warm_one_request_prefill(model_runner: Any,
                              sample_tokens: Callable[[Any], Any]) -> int | None:
     """Prefill, sample and finish one request; return its prompt length (None when the
     runner serves no such step: pooling or encoder models)."""
-    from vllm import SamplingParams
     from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
     from vllm.v1.request import Request
     from vllm.v1.worker.gpu.warmup import _warmup_block_counter
+
+    from vllm import SamplingParams
 
     if (model_runner.is_pooling_model or model_runner.is_encoder_decoder
             or model_runner.vllm_config.is_mm_encoder_only):

@@ -9,14 +9,21 @@ imports with the standard library only. What callers use is exported here; the m
 split it by job (spec, tokenizer, tensors, dense, copymodel, drafter, folder, model).
 """
 
-from kiln.testing.tinymodel.copymodel import (
-    COPY_MIN_MARGIN, CopyDesign, copy_continuation, copy_design, copy_prompt)
+from kiln.testing.tinymodel.copymodel import COPY_MIN_MARGIN, CopyDesign, copy_continuation, copy_design, copy_prompt
 from kiln.testing.tinymodel.dense import param_count
 from kiln.testing.tinymodel.drafter import DRAFTER_STAMP, DrafterSpec, build_dflash2_drafter
 from kiln.testing.tinymodel.folder import STAMP, read_spec, tree_digest
 from kiln.testing.tinymodel.model import build, fingerprint
 from kiln.testing.tinymodel.spec import (
-    DEFAULT_COPY_PERIOD, DTYPES, INITS, PRESETS, TinySpec, attention_layers, preset, validate)
+    DEFAULT_COPY_PERIOD,
+    DTYPES,
+    INITS,
+    PRESETS,
+    TinySpec,
+    attention_layers,
+    preset,
+    validate,
+)
 from kiln.testing.tinymodel.tokenizer import CORPUS, SPECIAL_TOKENS
 
 __all__ = [

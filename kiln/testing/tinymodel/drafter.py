@@ -101,11 +101,11 @@ def validate_drafter(spec: DrafterSpec, target: dict[str, Any]) -> None:
                         f"target's vocabulary ({vocab})")
     layers = target["num_hidden_layers"]
     ids = spec.target_layer_ids
-    if ids is not None:
-        if not ids or list(ids) != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= layers:
-            raise KilnError(
-                f"--target-layer-ids {','.join(map(str, ids))}: must be distinct, "
-                f"increasing target layer indices in 0..{layers - 1}")
+    if ids is not None and (not ids or list(ids) != sorted(set(ids)) or ids[0] < 0
+                            or ids[-1] >= layers):
+        raise KilnError(
+            f"--target-layer-ids {','.join(map(str, ids))}: must be distinct, "
+            f"increasing target layer indices in 0..{layers - 1}")
     mask = spec.mask_token_id
     if mask is not None and not 0 <= mask < vocab:
         raise KilnError(f"--mask-token-id {mask}: must be a token id in 0..{vocab - 1}")
