@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm.logger import init_logger
 
@@ -257,6 +257,14 @@ def explicit_dests(args: argparse.Namespace, argv: Sequence[str]) -> frozenset[s
     return frozenset(found)
 
 
+def refuse(message: str) -> NoReturn:
+    """End `vllm serve` as argparse ends a bad argument: one error line, exit 2. A profile
+    item the other arguments rule out is found only here, in upstream's validation of
+    the parsed arguments, which lets any exception out as a traceback."""
+    print(f"vllm serve: error: argument --kiln-profile: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def apply_profile(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
     """Set the profile's arguments on `args` where the user did not set them."""
     text = getattr(args, "kiln_profile", None)
@@ -269,7 +277,7 @@ def apply_profile(args: argparse.Namespace, argv: Sequence[str] | None = None) -
         choice = key.choices[value]
         item = key.name if key.is_flag else f"{key.name}={value}"
         if choice.check is not None and (why := choice.check(args, explicit)):
-            raise ProfileError(f"--kiln-profile {item}: {why}")
+            refuse(f"{item}: {why}")
         for s in choice.settings:
             resolved.append(_apply_setting(args, s, item, explicit))
     logger.info("--kiln-profile %s resolved: %s", text, "; ".join(resolved))
