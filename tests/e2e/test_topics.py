@@ -89,6 +89,12 @@ LOG_LINE = (
 )
 
 
+def _log_after(server, mark: int) -> str:
+    with open(server.log_path, "rb") as f:
+        f.seek(mark)
+        return f.read().decode(errors="replace")
+
+
 def test_one_log_line_per_finished_request(http, server) -> None:
     mark = server.log_size()
     r = http.post(
@@ -109,10 +115,73 @@ def test_one_log_line_per_finished_request(http, server) -> None:
     assert 0 < float(m["ttft"]) <= float(m["total"])
     # Exactly one line for this request.
     time.sleep(1)
-    with open(server.log_path, "rb") as f:
-        f.seek(mark)
-        lines = re.findall(LOG_LINE, f.read().decode(errors="replace"))
-    assert len(lines) == 1
+    assert len(re.findall(LOG_LINE, _log_after(server, mark))) == 1
+
+
+def _skip_before_0_34(upstream_version: str) -> None:
+    from packaging.version import Version
+
+    if Version(upstream_version) < Version("0.34.0"):
+        pytest.skip("0.33.0's series keeps one completion-log line per sample")
+
+
+def test_one_log_line_for_a_request_with_n_samples(http, server, upstream_version) -> None:
+    """n samples run as n child sequences in the engine; the request still gets
+    one line, with the children's output tokens summed."""
+    _skip_before_0_34(upstream_version)
+    n = 1000
+    mark = server.log_size()
+    r = http.post(
+        "/v1/completions",
+        json={
+            "model": server.served_name,
+            "prompt": "One firing, many pots.",
+            "max_tokens": 2,
+            "ignore_eos": True,
+            "n": n,
+        },
+    )
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["completion_tokens"] == 2 * n
+    m = server.wait_for_log(LOG_LINE + r" n=(?P<n>\d+)", after=mark, timeout=60)
+    assert int(m["n"]) == n
+    assert int(m["output"]) == usage["completion_tokens"]
+    assert int(m["prompt"]) == usage["prompt_tokens"]
+    assert m["reason"] == "length"
+    assert 0 < float(m["ttft"]) <= float(m["total"])
+    time.sleep(1)
+    assert len(re.findall(LOG_LINE, _log_after(server, mark))) == 1
+
+
+def test_one_abort_line_for_an_aborted_request_with_n_samples(
+    http, server, upstream_version
+) -> None:
+    _skip_before_0_34(upstream_version)
+    n = 4
+    mark = server.log_size()
+    body = {
+        "model": server.served_name,
+        "prompt": "Leave before the kiln cools.",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+        "n": n,
+    }
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        chunks = 0
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                chunks += 1
+            if chunks >= 3 * n:
+                break  # leaving the block closes the connection mid-stream
+    m = server.wait_for_log(LOG_LINE + r" n=(?P<n>\d+)", after=mark, timeout=60)
+    assert int(m["n"]) == n
+    assert m["reason"] == "abort"
+    assert int(m["output"]) >= 3
+    time.sleep(1)
+    assert len(re.findall(LOG_LINE, _log_after(server, mark))) == 1
 
 
 def test_log_line_reports_stop_reason(http, server) -> None:
