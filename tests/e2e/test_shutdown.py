@@ -27,7 +27,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from e2e_config import MAX_MODEL_LEN
 from vllm_server import VllmServer, running
 
