@@ -261,9 +261,6 @@ def build_dflash2_drafter(target: Path, out: Path | None = None,
                            dtype)
         write_json(tmp / DRAFTER_STAMP, {"fingerprint": print_, "spec": asdict(spec),
                                           "target": str(target.resolve())})
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
         folder.replace_with(tmp)
     finally:
         # Never masks the error that ended the build.

@@ -126,11 +126,6 @@ def build(
                 if copy is not None:
                     stamp["copy"] = copy
             write_json(tmp / STAMP, stamp)
-            # mkdtemp and the safetensors writer make owner-only files; a model
-            # folder is shared (CI users, servers running as another user).
-            tmp.chmod(0o755)
-            for path in tmp.iterdir():
-                path.chmod(0o644)
             folder.replace_with(tmp)
     finally:
         # Never masks the error that ended the build.

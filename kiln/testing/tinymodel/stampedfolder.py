@@ -70,8 +70,13 @@ class StampedFolder:
 
     def replace_with(self, built: Path) -> None:
         """Put the finished folder ``built`` (a sibling) in place, checked again first;
-        the old folder is moved aside, not removed, until the new one is in."""
+        the old folder is moved aside, not removed, until the new one is in. mkdtemp
+        and the safetensors writer make owner-only files, and a model folder is shared
+        (CI users, servers running as another user), so it is made readable to all."""
         self.check_replaceable(p.name for p in built.iterdir())
+        built.chmod(0o755)
+        for path in built.iterdir():
+            path.chmod(0o644)
         old = built.with_name(built.name + "-old")
         if self.path.exists():
             self.path.rename(old)
