@@ -54,8 +54,7 @@ class Driver:
         from vllm.kvarn import Preset
         from vllm.model_executor.layers.attention.attention import Attention
         from vllm.utils.torch_utils import set_default_torch_dtype
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.worker.utils import customize_attention_spec
+        from vllm.v1.worker.utils import AttentionGroup, customize_attention_spec
         from vllm.v1.worker.workspace import init_workspace_manager
 
         self.config = EngineArgs(
@@ -87,8 +86,9 @@ class Driver:
         init_workspace_manager(torch.device(DEVICE))
         self.builder = backend.get_builder_cls()(spec, [self.layer.layer_name], self.config,
                                                  torch.device(DEVICE))
-        self.kv_cache_config = KVCacheConfig(NUM_BLOCKS, [], [KVCacheGroupSpec(
-            [self.layer.layer_name], spec)])
+        # The runner's attention groups, as the kvarn-lifecycle hook passes them.
+        self.attn_groups = [[AttentionGroup(backend, [self.layer.layer_name], spec, 0,
+                                            metadata_builders=[self.builder])]]
         rec = self.preset.tile_bytes(D)
         self.kv_cache = torch.zeros(NUM_BLOCKS, H_KV, self.g, rec // self.g,
                                     dtype=torch.uint8, device=DEVICE)
@@ -145,7 +145,7 @@ class Driver:
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
             finished_req_ids=self.pending_done, free_encoder_mm_hashes=[])
         kvarn_lifecycle.observe_step(out, {r.rid: r.slot for r, _ in batch},
-                                     self.kv_cache_config)
+                                     self.attn_groups)
         self.pending_new, self.pending_done = [], set()
         qlens = [q for _, q in batch]
         qsl = torch.tensor([0, *np.cumsum(qlens)], dtype=torch.int32)

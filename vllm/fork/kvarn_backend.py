@@ -302,7 +302,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                               kv_cache_spec.head_size)
         self.slack = plan.slack
         self.pool = SidePool(plan.num_blocks, g)
-        self.lifecycle = SidePoolLifecycle(self.pool, layer_names, kv_cache_spec.block_size)
+        self.lifecycle = SidePoolLifecycle(self.pool, kv_cache_spec.block_size)
         sched = vllm_config.scheduler_config
         tokens = sched.max_num_batched_tokens
         rows = sched.max_num_seqs
