@@ -7,7 +7,7 @@ A GPU machine with Python 3.12 and a CUDA torch >= 2.11 but no network and no vL
     manifest.json              fork version, archs, every file's size and sha256
     vllm-python.tar.xz         the wheel's Python and data files
     compiled/vllm/*.so.xz      the compiled extensions it needs, slimmed to the archs
-    standins/...               empty modules in place of extensions left out
+    standins/...               modules in place of what is left out (kiln/testing/standins)
     wheels/*.whl               requirements/gpu-bundle.lock: what such a machine lacks,
                                and the fork's xgrammar built for that Python
     src/                       kiln, tests, bench, kvarn, specattn, pyproject.toml: the sources
@@ -95,32 +95,11 @@ JIT_SOURCE_SUFFIXES = (".h", ".hpp", ".cuh", ".inl", ".cu", ".cpp", ".c")
 # kvarn and specattn (bench/ and tests/kernels import them as top-level packages) and
 # pyproject.toml (pytest's settings).
 SOURCE_PATHS = ("kiln", "tests", "bench", "kvarn", "specattn", "pyproject.toml")
-# Modules put in place of what the bundle leaves out: path in the installed site -> text.
-STANDIN_MODULES = {
-    "vllm/vllm_flash_attn/_vllm_fa2_C.py": '''\
-"""Stand-in for FlashAttention 2's compiled extension, which the GPU bundle leaves out.
-
-vllm.vllm_flash_attn refuses to import unless _vllm_fa2_C or _vllm_fa3_C does, and
-every model imports it. This module registers no operator: serve with
---attention-backend TRITON_ATTN or a KVarN --kv-cache-dtype, which never call it.
-Written by `python3 -m kiln gpu-bundle`.
-"""
-''',
-    # 0.34.0's kernel_warmup imports MiniMax M3's MSA warm-up for every model on CUDA,
-    # and that imports NVIDIA's CuTe DSL (nvidia-cutlass-dsl: a 92 MB wheel for cu13).
-    "vllm/model_executor/warmup/minimax_m3_msa_warmup.py": '''\
-"""Stand-in for MiniMax M3's MSA kernel warm-up, whose module imports NVIDIA's CuTe DSL
-(nvidia-cutlass-dsl, a 92 MB wheel the GPU bundle cannot carry). vLLM 0.34.0's
-kernel_warmup imports it for every model on CUDA; it warms only MiniMax M3 layers,
-which the GPU tier never serves, so here it warms nothing. A pip install of the fork
-brings the real module and the DSL. Written by `python3 -m kiln gpu-bundle`.
-"""
-
-
-def minimax_m3_msa_warmup(worker) -> None:
-    return None
-''',
-}
+# Modules put in place of what the bundle leaves out: kiln/testing/standins/<path in the
+# installed site>, each saying what it stands in for and why.
+STANDIN_ROOT = Path(__file__).with_name("standins")
+STANDIN_MODULES = {p.relative_to(STANDIN_ROOT).as_posix(): p.read_text()
+                   for p in sorted(STANDIN_ROOT.rglob("*.py"))}
 
 Log = Callable[[str], None]
 

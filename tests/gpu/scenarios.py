@@ -251,17 +251,18 @@ def noise_reference(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def needs_missing_flashinfer(model: str) -> str | None:
-    """Why the bundle cannot serve ``model``, or None: from vLLM 0.34.0 Qwen3.5 on NVIDIA
-    runs vllm/models/qwen3_5/nvidia, whose every norm calls FlashInfer's Gemma RMSNorm,
-    and FlashInfer (a 101 MB wheel, with the 92 MB CuTe DSL it needs) is over the
-    bundle's carry limit. A pip install of the fork brings it."""
+    """Why ``model`` cannot be served here, or None: from vLLM 0.34.0 Qwen3.5 on NVIDIA
+    runs vllm/models/qwen3_5/nvidia, whose every norm calls FlashInfer's Gemma RMSNorm.
+    A pip install of the fork brings FlashInfer; the GPU bundle, which cannot carry it
+    (101 MB), installs a torch stand-in of its ``flashinfer.norm``
+    (kiln/testing/standins/flashinfer)."""
     import importlib.util
 
     arch = json.loads((Path(model) / "config.json").read_text())["architectures"][0]
     if arch.startswith("Qwen3_5") and importlib.util.find_spec("vllm.models.qwen3_5") \
             and importlib.util.find_spec("flashinfer") is None:
         return (f"{arch} runs vllm/models/qwen3_5/nvidia on CUDA (vLLM 0.34.0), which "
-                "needs FlashInfer; the GPU bundle cannot carry it (101 MB)")
+                "needs FlashInfer's norm: install flashinfer-python or run from the bundle")
     return None
 
 
