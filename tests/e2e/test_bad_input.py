@@ -10,6 +10,7 @@ import time
 
 import httpx
 from e2e_config import MAX_MODEL_LEN
+from vllm_server import stream_then_disconnect
 
 
 def assert_still_serving(http, server) -> None:
@@ -117,17 +118,9 @@ def test_client_disconnects_mid_stream(http, server) -> None:
         "model": server.served_name,
         "prompt": "Write it down, even when it went well.",
         "max_tokens": 3000,
-        "stream": True,
         "ignore_eos": True,
     }
-    with http.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        chunks = 0
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                chunks += 1
-            if chunks >= 3:
-                break  # leaving the block closes the connection mid-stream
+    stream_then_disconnect(http, body, events=3)
     # The engine notices the disconnect and aborts: nothing keeps running.
     server.wait_for_log(r"finish_reason=abort", after=mark, timeout=60)
     deadline = time.monotonic() + 60

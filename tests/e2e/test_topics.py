@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_config import STALL_WARN_S
+from vllm_server import stream_then_disconnect
 
 # --- tokenize-v1-route ------------------------------------------------------
 
@@ -165,17 +166,9 @@ def test_one_abort_line_for_an_aborted_request_with_n_samples(
         "prompt": "Leave before the kiln cools.",
         "max_tokens": 3000,
         "ignore_eos": True,
-        "stream": True,
         "n": n,
     }
-    with http.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        chunks = 0
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                chunks += 1
-            if chunks >= 3 * n:
-                break  # leaving the block closes the connection mid-stream
+    stream_then_disconnect(http, body, events=3 * n)
     m = server.wait_for_log(LOG_LINE + r" n=(?P<n>\d+)", after=mark, timeout=60)
     assert int(m["n"]) == n
     assert m["reason"] == "abort"

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 # Dropped from the child's environment: they would redirect it to a GPU, to the
 # hub, or to a caller's own server configuration.
@@ -196,6 +197,18 @@ class VllmServer:
             methods = {x.strip() for x in m.group(2).split(",") if x.strip()}
             found.setdefault(m.group(1), set()).update(methods)
         return [(path, frozenset(methods)) for path, methods in found.items()]
+
+
+def stream_then_disconnect(http: Any, body: dict[str, Any], events: int) -> None:
+    """POST a streaming completion and close the connection after ``events`` data
+    events, as a client that goes away mid-stream does."""
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= events:
+                return  # leaving the block closes the connection
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
