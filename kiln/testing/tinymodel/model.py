@@ -19,6 +19,7 @@ from kiln.paths import cache_dir
 from kiln.testing.tinymodel.copymodel import copy_entries, copy_parts
 from kiln.testing.tinymodel.dense import model_config, seeded_entries, write_model
 from kiln.testing.tinymodel.folder import NEEDS, STAMP, library_versions, model_folder, write_json
+from kiln.testing.tinymodel.hybrid import hybrid_entries
 from kiln.testing.tinymodel.spec import TinySpec, spec_dict, validate
 from kiln.testing.tinymodel.tensors import write_safetensors
 from kiln.testing.tinymodel.tokenizer import CORPUS, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
@@ -43,7 +44,8 @@ def default_out(spec: TinySpec) -> Path:
 
 
 def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any] | None:
-    """A dense Qwen3 folder whose weights are written tensor by tensor.
+    """A dense Qwen3 or a Qwen3.5 hybrid folder whose weights are written tensor by
+    tensor.
 
     Returns the copy design's record for a copying model, else None.
     """
@@ -68,8 +70,8 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
         entries = copy_entries(spec, vocab, parts, design.lm_head_scale)
     else:
         config = model_config(spec, tokenizer)
-        entries = seeded_entries(spec, vocab)
-    config.architectures = ["Qwen3ForCausalLM"]
+        entries = hybrid_entries(spec, vocab) if spec.hybrid else seeded_entries(spec, vocab)
+    config.architectures = ["Qwen3_5ForCausalLM" if spec.hybrid else "Qwen3ForCausalLM"]
     config.dtype = spec.dtype
     config.save_pretrained(out)
     generation = GenerationConfig.from_model_config(config)
