@@ -10,9 +10,22 @@ Sizes (--size, then any size flag on top of it; vocabulary 512 throughout):
   d64    hidden 128, 2 layers, 2 heads / 1 KV head, head dim 64
   d128   hidden 256, 2 layers, 4 heads / 2 KV heads, head dim 128
   large  hidden 2048, 8 layers, 16 heads / 8 KV heads, head dim 128,
-         intermediate 6144, 40960 positions, bf16, init range 0.02: ~404M
+         intermediate 6144, 131584 positions, bf16, init range 0.02: ~404M
          parameters, ~0.8 GB, built in seconds in well under its size of RAM
-d64, d128 and large draw weights with --init seeded.
+  hybrid27  Qwen3.5 27B's layer shapes (a --hybrid): 8 of its 64 layers, three
+         Gated DeltaNet then one gated full attention, twice, plus one MTP
+         layer; hidden 5120, intermediate 17408, 24 heads / 4 KV heads of 256
+         (q_proj carries the output gate), GDN 16 key / 48 value heads of 128,
+         conv kernel 4, 131584 positions, bf16, init range 0.02: 3.47B
+         parameters, ~6.9 GB; --device cuda draws them in seconds. vLLM serves
+         it with --speculative-config '{"method": "mtp", ...}'
+d64, d128, large and hybrid27 draw weights with --init seeded.
+
+--hybrid makes a Qwen3.5 layout (transformers' Qwen3_5TextConfig): Gated
+DeltaNet layers, a gated full-attention layer every --full-attention-interval
+(default: the last layer alone), and --mtp-layers MTP layers (needs --init
+seeded). Its GDN sizes: --linear-key-heads, --linear-value-heads (a multiple
+of the key heads), --linear-key-dim, --linear-value-dim, --linear-conv-kernel.
 
 --copy makes a copying model instead of random weights: the greedy next token
 at position p is the token at p + 1 - P (P = --copy-period), fetched through
@@ -50,6 +63,15 @@ _SIZE_FLAGS = (
     ("--head-dim", "head_dim", "channels per head; even"),
     ("--intermediate", "intermediate_size", "MLP intermediate size"),
     ("--max-positions", "max_position_embeddings", "max_position_embeddings"),
+    ("--linear-key-heads", "linear_key_heads", "with --hybrid: GDN key heads"),
+    ("--linear-value-heads", "linear_value_heads",
+     "with --hybrid: GDN value heads; a multiple of --linear-key-heads"),
+    ("--linear-key-dim", "linear_key_dim", "with --hybrid: channels per GDN key head"),
+    ("--linear-value-dim", "linear_value_dim", "with --hybrid: channels per GDN value head"),
+    ("--linear-conv-kernel", "linear_conv_kernel", "with --hybrid: GDN convolution taps"),
+    ("--full-attention-interval", "full_attention_interval",
+     "with --hybrid: every Nth layer is full attention, 1 to --layers"),
+    ("--mtp-layers", "mtp_layers", "with --hybrid and --init seeded: MTP layers"),
 )
 
 
@@ -102,10 +124,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "large sizes (default: the size's)",
     )
     parser.add_argument(
+        "--device",
+        choices=tinymodel.DEVICES,
+        default=None,
+        help="where --init seeded draws: cpu, the same bytes on every machine, or "
+        "cuda, seconds for billions of values but other bytes than the CPU's "
+        "(default: the size's, cpu)",
+    )
+    parser.add_argument(
         "--hybrid",
         action="store_true",
-        help="Qwen3.5-style layout with linear-attention (Gated DeltaNet) layers; "
-        "transformers runs it, vLLM's CPU fallback cannot serve it yet",
+        help="Qwen3.5-style layout with linear-attention (Gated DeltaNet) layers "
+        "(see above); transformers runs it, vLLM's CPU fallback cannot serve it yet",
     )
     parser.add_argument(
         "--copy",
@@ -143,7 +173,7 @@ def spec_from_args(args: argparse.Namespace):  # -> tinymodel.TinySpec
     for _, field, _ in _SIZE_FLAGS:
         if getattr(args, field) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("dtype", "init"):
+    for field in ("dtype", "init", "device"):
         if getattr(args, field) is not None:
             overrides[field] = getattr(args, field)
     if args.hybrid:
@@ -167,7 +197,7 @@ def drafter_spec_from_args(args: argparse.Namespace):  # -> tinymodel.DrafterSpe
         raise KilnError("--dflash2-drafter needs --target DIR (the target model's folder)")
     others = [flag for flag, field, _ in _SIZE_FLAGS
               if field != "num_layers" and getattr(args, field) is not None]
-    others += [f"--{f}" for f in ("dtype", "init", "size") if getattr(args, f) not in
+    others += [f"--{f}" for f in ("dtype", "init", "device", "size") if getattr(args, f) not in
                (None, "tiny")]
     others += [flag for flag, on in (("--hybrid", args.hybrid), ("--copy", args.copy)) if on]
     if others:

@@ -146,7 +146,7 @@ def test_large_preset_is_about_400m_parameters() -> None:
         (["--copy", "--hidden", "40"], ["--hidden 40", "--hidden >= 49"]),
         (["--copy", "--kv-heads", "1", "--head-dim", "16"], ["--head-dim 16", ">= 24"]),
         (["--copy", "--hybrid"], ["--copy and --hybrid"]),
-        (["--hybrid", "--init", "seeded"], ["--hybrid", "--init transformers"]),
+        (["--hybrid", "--mtp-layers", "1"], ["--mtp-layers 1", "--init seeded"]),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(argv: list, words: list, tmp_path: Path,

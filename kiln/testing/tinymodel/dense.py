@@ -1,6 +1,7 @@
-"""Dense Qwen3 checkpoints with random weights: the transformers config of a spec, the
-weights from transformers' own init, and the seeded ones (normal(0, range) per
-tensor, streamed), with the tensor names and shapes both share.
+"""Dense Qwen3 checkpoints with random weights: the transformers config of a spec (a
+hybrid's from hybrid.py), the weights from transformers' own init, and the seeded
+ones (normal(0, range) per tensor, streamed), with the tensor names and shapes both
+share; the parameter count of any spec.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiln.testing.tinymodel.hybrid import hybrid_config, hybrid_param_shapes
 from kiln.testing.tinymodel.spec import TinySpec
-from kiln.testing.tinymodel.tensors import Entry, tensor_seed, torch_dtype
+from kiln.testing.tinymodel.tensors import Entry, seeded_normal, torch_dtype
 from kiln.testing.tinymodel.tokenizer import END_OF_TEXT, IM_END
 
 
@@ -34,20 +36,7 @@ def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
     )
     common.update(extra)
     if spec.hybrid:
-        from transformers import Qwen3_5TextConfig
-
-        # Qwen3.5 layout: linear-attention (Gated DeltaNet) layers with a
-        # full-attention layer every few.
-        return Qwen3_5TextConfig(
-            **common,
-            layer_types=["linear_attention"] * (spec.num_layers - 1)
-            + ["full_attention"],
-            linear_num_key_heads=2,
-            linear_num_value_heads=2,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
-            linear_conv_kernel_dim=4,
-        )
+        return hybrid_config(spec, common)
     from transformers import Qwen3Config
 
     return Qwen3Config(**common)
@@ -98,26 +87,26 @@ def param_shapes(spec: TinySpec, vocab: int, tied: bool) -> list[tuple[str, tupl
 
 
 def param_count(spec: TinySpec, vocab: int | None = None) -> int:
-    """Parameters of the dense model a spec describes (lm_head counted once if tied)."""
-    tied = spec.copy_period is None
-    shapes = param_shapes(spec, vocab or spec.vocab_size, tied)
+    """Parameters of the model a spec describes, dense or hybrid (its MTP layers
+    included; lm_head counted once if tied)."""
+    vocab = vocab or spec.vocab_size
+    if spec.hybrid:
+        shapes = hybrid_param_shapes(spec, vocab)
+    else:
+        shapes = param_shapes(spec, vocab, tied=spec.copy_period is None)
     return sum(math.prod(shape) for _, shape in shapes)
 
 
 def seeded_entries(spec: TinySpec, vocab: int) -> list[Entry]:
-    """normal(0, initializer_range) matrices, each from its own seeded generator;
-    norm weights one. The same distribution transformers' init draws from."""
+    """normal(0, initializer_range) matrices, each from its own seeded generator
+    on ``spec.device``; norm weights one. The same distribution transformers'
+    init draws from."""
     import torch
 
     def make(name: str, shape: tuple[int, ...]) -> Callable[[], Any]:
         if len(shape) == 1:
             return lambda: torch.ones(shape)
-
-        def draw() -> Any:
-            gen = torch.Generator().manual_seed(tensor_seed(spec.seed, name))
-            out = torch.empty(shape)
-            return out.normal_(0.0, spec.initializer_range, generator=gen)
-
-        return draw
+        return lambda: seeded_normal(spec.seed, name, shape, spec.initializer_range,
+                                     spec.device)
 
     return [(n, s, make(n, s)) for n, s in param_shapes(spec, vocab, tied=True)]

@@ -19,6 +19,7 @@ from kiln.paths import cache_dir
 from kiln.testing.tinymodel.copymodel import copy_entries, copy_parts
 from kiln.testing.tinymodel.dense import model_config, seeded_entries, write_model
 from kiln.testing.tinymodel.folder import NEEDS, STAMP, library_versions, model_folder, write_json
+from kiln.testing.tinymodel.hybrid import hybrid_entries
 from kiln.testing.tinymodel.spec import TinySpec, spec_dict, validate
 from kiln.testing.tinymodel.tensors import write_safetensors
 from kiln.testing.tinymodel.tokenizer import CORPUS, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
@@ -42,8 +43,18 @@ def default_out(spec: TinySpec) -> Path:
     return cache_dir() / "tiny-model" / f"{kind}-{fingerprint(spec)}"
 
 
+def streamed_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
+    """The config a streamed build writes: model_config's, with the architecture
+    vLLM loads and the weights' dtype."""
+    config = model_config(spec, tokenizer, **extra)
+    config.architectures = ["Qwen3_5ForCausalLM" if spec.hybrid else "Qwen3ForCausalLM"]
+    config.dtype = spec.dtype
+    return config
+
+
 def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any] | None:
-    """A dense Qwen3 folder whose weights are written tensor by tensor.
+    """A dense Qwen3 or a Qwen3.5 hybrid folder whose weights are written tensor by
+    tensor.
 
     Returns the copy design's record for a copying model, else None.
     """
@@ -59,7 +70,7 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
             raise KilnError(f"tokenizer has {vocab} tokens, the spec {spec.vocab_size}")
         design, parts = copy_parts(spec, vocab)
         record = design.as_json()
-        config = model_config(
+        config = streamed_config(
             spec,
             tokenizer,
             tie_word_embeddings=False,
@@ -67,10 +78,8 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
         )
         entries = copy_entries(spec, vocab, parts, design.lm_head_scale)
     else:
-        config = model_config(spec, tokenizer)
-        entries = seeded_entries(spec, vocab)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.dtype = spec.dtype
+        config = streamed_config(spec, tokenizer)
+        entries = hybrid_entries(spec, vocab) if spec.hybrid else seeded_entries(spec, vocab)
     config.save_pretrained(out)
     generation = GenerationConfig.from_model_config(config)
     generation.do_sample = False

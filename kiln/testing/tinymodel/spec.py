@@ -12,6 +12,7 @@ from kiln.errors import KilnError
 
 DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("transformers", "seeded")
+DEVICES = ("cpu", "cuda")
 DEFAULT_COPY_PERIOD = 257
 
 
@@ -42,9 +43,35 @@ class TinySpec:
     init: str = "transformers"
     # A copying model with this period (see copy_design); None: random weights.
     copy_period: int | None = None
+    # The hybrid's Gated DeltaNet (linear attention) layers: key and value heads
+    # and their widths, and the causal convolution's taps.
+    linear_key_heads: int = 2
+    linear_value_heads: int = 2
+    linear_key_dim: int = 32
+    linear_value_dim: int = 32
+    linear_conv_kernel: int = 4
+    # Every Nth layer of a hybrid is full attention (Qwen3.5: 4, three linear
+    # then one full); None: the last layer alone.
+    full_attention_interval: int | None = None
+    # Multi-token-prediction layers after a hybrid's last (vLLM's "mtp" method).
+    mtp_layers: int = 0
+    # Where the seeded init draws: cuda draws billions of values in seconds, but
+    # its values differ from the CPU's (the same for one device kind and torch).
+    device: str = "cpu"
 
 
-_LATER_DEFAULTS = {"dtype": "float32", "init": "transformers", "copy_period": None}
+_LATER_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32", "init": "transformers", "copy_period": None,
+    "linear_key_heads": 2, "linear_value_heads": 2, "linear_key_dim": 32,
+    "linear_value_dim": 32, "linear_conv_kernel": 4, "full_attention_interval": None,
+    "mtp_layers": 0, "device": "cpu",
+}
+# The fields that shape a hybrid's layers alone.
+LINEAR_SIZES = (
+    "linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim",
+    "linear_conv_kernel",
+)
+HYBRID_FIELDS = (*LINEAR_SIZES, "full_attention_interval", "mtp_layers")
 
 # The CLI flag that sets each field, for error messages.
 FLAGS = {
@@ -59,6 +86,14 @@ FLAGS = {
     "dtype": "--dtype",
     "init": "--init",
     "copy_period": "--copy-period",
+    "linear_key_heads": "--linear-key-heads",
+    "linear_value_heads": "--linear-value-heads",
+    "linear_key_dim": "--linear-key-dim",
+    "linear_value_dim": "--linear-value-dim",
+    "linear_conv_kernel": "--linear-conv-kernel",
+    "full_attention_interval": "--full-attention-interval",
+    "mtp_layers": "--mtp-layers",
+    "device": "--device",
 }
 
 # Named sizes; fields not named keep TinySpec's defaults ("tiny" is today's
@@ -80,6 +115,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_kv_heads=8, head_dim=128, max_position_embeddings=131584,
         dtype="bfloat16", init="seeded", initializer_range=0.02,
     ),
+    # Qwen3.5 27B's layer shapes in 8 of its 64 layers (see hybrid.py): hidden
+    # 5120, gated attention 24 heads / 4 KV heads of 256, GDN 16 key / 48 value
+    # heads of 128, every 4th layer full attention, one MTP layer.
+    "hybrid27": dict(
+        hybrid=True, num_layers=8, hidden_size=5120, intermediate_size=17408,
+        num_heads=24, num_kv_heads=4, head_dim=256, linear_key_heads=16,
+        linear_value_heads=48, linear_key_dim=128, linear_value_dim=128,
+        linear_conv_kernel=4, full_attention_interval=4, mtp_layers=1,
+        max_position_embeddings=131584, dtype="bfloat16", init="seeded",
+        initializer_range=0.02,
+    ),
 }
 
 
@@ -94,9 +140,18 @@ def preset(name: str, **overrides: Any) -> TinySpec:
     return replace(TinySpec(), **{**PRESETS[name], **overrides})
 
 
+def layer_types(spec: TinySpec) -> list[str]:
+    """Each decoder layer's kind, as Qwen3.5's config lists them."""
+    if not spec.hybrid:
+        return ["full_attention"] * spec.num_layers
+    every = spec.full_attention_interval or spec.num_layers
+    return ["linear_attention" if (i + 1) % every else "full_attention"
+            for i in range(spec.num_layers)]
+
+
 def attention_layers(spec: TinySpec) -> int:
-    """Layers with a KV cache: all of a dense model's, the last of a hybrid's."""
-    return 1 if spec.hybrid else spec.num_layers
+    """Layers with a KV cache: all of a dense model's, a hybrid's full-attention ones."""
+    return layer_types(spec).count("full_attention")
 
 
 def spec_dict(spec: TinySpec) -> dict[str, Any]:
@@ -142,11 +197,14 @@ def validate(spec: TinySpec) -> None:
         raise KilnError(f"--dtype {spec.dtype}: choose one of {', '.join(DTYPES)}")
     if spec.init not in INITS:
         raise KilnError(f"--init {spec.init}: choose one of {', '.join(INITS)}")
-    if spec.hybrid and spec.init != "transformers":
+    if spec.device not in DEVICES:
+        raise KilnError(f"--device {spec.device}: choose one of {', '.join(DEVICES)}")
+    if spec.device != "cpu" and (spec.init != "seeded" or spec.copy_period is not None):
         raise KilnError(
-            "--hybrid takes transformers' init only (--init transformers): the seeded "
-            "writer knows the dense Qwen3 layout alone"
+            f"--device {spec.device}: only the seeded init draws on a device "
+            "(--init seeded, without --copy)"
         )
+    _validate_hybrid(spec)
     if spec.copy_period is None:
         return
     period = spec.copy_period
@@ -168,4 +226,42 @@ def validate(spec: TinySpec) -> None:
         raise KilnError(
             f"--copy with --kv-heads {spec.num_kv_heads} --head-dim {spec.head_dim}: "
             f"the values carry the token code; needs kv-heads x head-dim >= {MIN_CODE_DIMS}"
+        )
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _validate_hybrid(spec: TinySpec) -> None:
+    if not spec.hybrid:
+        given = [FLAGS[n] for n in HYBRID_FIELDS if getattr(spec, n) != _LATER_DEFAULTS[n]]
+        if given:
+            raise KilnError(f"{', '.join(given)}: only apply with --hybrid (the Qwen3.5 layout)")
+        return
+    for name in LINEAR_SIZES:
+        if not _whole(getattr(spec, name), 1):
+            raise KilnError(f"{FLAGS[name]} {getattr(spec, name)}: must be a positive whole number")
+    if spec.linear_value_heads % spec.linear_key_heads:
+        raise KilnError(
+            f"--linear-key-heads {spec.linear_key_heads} --linear-value-heads "
+            f"{spec.linear_value_heads}: the value heads must be a multiple of the key heads"
+        )
+    every = spec.full_attention_interval
+    if every is not None and not (_whole(every, 1) and every <= spec.num_layers):
+        raise KilnError(
+            f"--full-attention-interval {every}: must be a whole number from 1 to --layers "
+            f"({spec.num_layers}), so that some layer is full attention"
+        )
+    if not _whole(spec.mtp_layers, 0):
+        raise KilnError(f"--mtp-layers {spec.mtp_layers}: must be a whole number >= 0")
+    if spec.mtp_layers and spec.init != "seeded":
+        raise KilnError(
+            f"--mtp-layers {spec.mtp_layers}: needs --init seeded (transformers' Qwen3.5 "
+            "has no MTP layer to initialise)"
+        )
+    if spec.head_dim % 8:
+        raise KilnError(
+            f"--head-dim {spec.head_dim} with --hybrid: must be a multiple of 8 (Qwen3.5 "
+            "rotates a quarter of each head, in pairs)"
         )

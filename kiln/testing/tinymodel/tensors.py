@@ -1,6 +1,7 @@
 """Weights written tensor by tensor: a safetensors writer that holds one tensor in
-memory at a time, the per-tensor seeds of the seeded init, and the dtype names kiln
-accepts mapped to torch's. torch is imported inside the functions.
+memory at a time, the seeded init's per-tensor generators (on the CPU, or on the
+device a spec names), and the dtype names kiln accepts mapped to torch's. torch is
+imported inside the functions.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def write_safetensors(path: Path, entries: Sequence[Entry], dtype: str) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for name, shape, make in entries:
-            tensor = make().to(stored).contiguous()
+            tensor = make().to(device="cpu", dtype=stored).contiguous()
             if tuple(tensor.shape) != shape:
                 raise AssertionError(f"{name}: made {tuple(tensor.shape)}, declared {shape}")
             f.write(tensor.view(torch.uint8).numpy().data)
@@ -65,3 +66,34 @@ def write_safetensors(path: Path, entries: Sequence[Entry], dtype: str) -> None:
 def tensor_seed(seed: int, name: str) -> int:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def seeded_generator(seed: int, name: str, device: str) -> Any:
+    """The generator tensor ``name`` draws from: its own stream, on ``device``.
+
+    The CPU's streams give the same values everywhere; a CUDA stream's values
+    differ from the CPU's and may differ between GPU kinds.
+    """
+    import torch
+
+    if device != "cpu" and not torch.cuda.is_available():
+        raise KilnError(f"--device {device}: this torch sees no CUDA device; use --device cpu")
+    return torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+
+
+def seeded_normal(seed: int, name: str, shape: tuple[int, ...], std: float,
+                  device: str = "cpu") -> Any:
+    """normal(0, std) in float32 from ``name``'s generator."""
+    import torch
+
+    gen = seeded_generator(seed, name, device)
+    return torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
+
+
+def seeded_uniform(seed: int, name: str, shape: tuple[int, ...], low: float, high: float,
+                   device: str = "cpu") -> Any:
+    """uniform(low, high) in float32 from ``name``'s generator."""
+    import torch
+
+    gen = seeded_generator(seed, name, device)
+    return torch.empty(shape, device=device).uniform_(low, high, generator=gen)
