@@ -49,12 +49,22 @@ def _llm(spec: dict[str, Any], **extra: Any):
     )
     if "kv_cache_memory_bytes" in spec:
         kwargs["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    if _is_hybrid(spec["model"]):
+        # On Hopper upstream's "auto" GDN prefill is FlashInfer, which the bundle does
+        # not carry; Triton is what "auto" takes on the 3090/4090-class cards users run.
+        kwargs["additional_config"] = {"gdn_prefill_backend": "triton"}
     for key in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
                 "gpu_memory_utilization"):
         if key in spec:
             kwargs[key] = spec[key]
     kwargs.update(extra)
     return LLM(**kwargs)
+
+
+def _is_hybrid(model: str) -> bool:
+    """Whether the folder's model has Gated DeltaNet (linear attention) layers."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    return "linear_attention" in config.get("layer_types", ())
 
 
 def _greedy(max_tokens: int, **extra: Any):
@@ -267,17 +277,20 @@ def needs_missing_flashinfer(model: str) -> str | None:
 
 
 def hybrid(spec: dict[str, Any]) -> dict[str, Any]:
-    """The Gated DeltaNet + attention model serving greedy requests."""
+    """The Gated DeltaNet + attention model serving greedy requests (with the spec's
+    speculative method, if any: tokens per step from the spec-decode counters)."""
     if reason := needs_missing_flashinfer(spec["model"]):
         return {"skipped": reason}
     rng = random.Random(3)
     vocab = _vocab(spec["model"])
     ids = [_random_ids(rng, n, vocab) for n in (200, 333, 512, 700)]
-    # On Hopper upstream's "auto" GDN prefill is FlashInfer, which the bundle does
-    # not carry; Triton is upstream's portable path.
-    llm = _llm(spec, max_num_seqs=4, additional_config={"gdn_prefill_backend": "triton"})
-    return {"tokens": _generate(llm, ids, _greedy(32, ignore_eos=True)), "vocab": vocab,
-            **_pool(llm)}
+    llm = _llm(spec, max_num_seqs=4, **_speculative(spec))
+    params = _greedy(32, ignore_eos=True)
+    if "speculative" not in spec:
+        return {"tokens": _generate(llm, ids, params), "vocab": vocab, **_pool(llm)}
+    out: dict[str, Any] = {}
+    counts = _tokens_per_step(llm, lambda: out.update(tokens=_generate(llm, ids, params)))
+    return {**out, **counts, "vocab": vocab, **_pool(llm)}
 
 
 def serve(spec: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,9 @@ MODELS = {
     "copy64": dict(name="d64", dtype="bfloat16", copy_period=COPY_PERIOD),
     "hybrid128": dict(name="d128", dtype="bfloat16", hybrid=True, init="transformers"),
     "large": dict(name="large"),
+    # The Qwen3.5 27B's layer shapes in 8 layers (3:1 Gated DeltaNet / gated attention at
+    # head dim 256, GQA 6) and its MTP layer; ~3.5B parameters, drawn on the GPU.
+    "hybrid27": dict(name="hybrid27", device="cuda"),
     # A random DFlash2 drafter (kiln.testing.tinymodel.DrafterSpec fields) for a target above.
     "drafter128": dict(dflash2_drafter=dict(target="copy128", block_size=16)),
 }
@@ -229,6 +232,13 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{f"hybrid-{dt}": ("hybrid", "hybrid128", dict(
         SHARED, kv_cache_dtype=dt, mode="eager", max_num_batched_tokens=1024))
        for dt in ("auto", "kvarn_k4v2_g128")},
+    # Alone on the GPU (7 GB of weights), under CUDA graphs as users serve; MTP as the
+    # deployment runs it (k = 3). KVarN with MTP is refused until it works (issue 27).
+    **{f"hybrid27-{name}": ("hybrid", "hybrid27", dict(
+        kv_cache_memory_bytes=4 * GIB, gpu_memory_utilization=0.3, mode="graphs",
+        max_model_len=4096, max_num_batched_tokens=2048, exclusive=True, **extra))
+       for name, extra in (("auto", {}), ("mtp", dict(speculative=dict(
+           method="mtp", num_speculative_tokens=3))))},
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
     "profile-huge-ngram": ("profile", "copy128",
                            dict(profile="ctx=huge,spec=ngram,prefix-cache")),
