@@ -12,10 +12,13 @@ ELSEWHERE = {
     "kiln/testing/tinymodel/copymodel.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/dense.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/drafter.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/hybrid.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/model.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/tensors.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/tokenizer.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/gpurun.py": {"torch", "triton"},  # the GPU machine's torch
+    # Installed into the GPU bundle's site: the GPU machine's torch.
+    "kiln/testing/standins/flashinfer/norm.py": {"torch"},
 }
 DISTRIBUTION = {"setuptools_scm": "setuptools-scm"}
 
