@@ -48,12 +48,6 @@ def cases(target: str, drafter: str) -> dict[str, dict]:
             "draft_sample_method": "probabilistic"}},
         "kiln-dflash2-on-ngram": {"speculative_config": {**ngram, "kiln_dflash2": {}}},
         "kvarn-dflash": {**dflash(7), "kv_cache_dtype": "kvarn_k4v2_g128"},
-        "kvarn-dflash-fp8-drafter": {"speculative_config": {
-            **dflash(7)["speculative_config"], "kv_cache_dtype": "fp8"},
-            "kv_cache_dtype": "kvarn_k4v2_g128"},
-        "kvarn-dflash-kvarn-drafter": {"speculative_config": {
-            **dflash(7)["speculative_config"], "kv_cache_dtype": "kvarn_k4v4_g128"},
-            "kv_cache_dtype": "kvarn_k4v2_g128"},
         "kvarn-ngram": {"speculative_config": ngram, "kv_cache_dtype": "kvarn_k4v2_g128"},
         "kvarn-ngram_gpu": {"speculative_config": {**ngram, "method": "ngram_gpu"},
                             "kv_cache_dtype": "kvarn_k4v2_g128"},
@@ -84,7 +78,6 @@ def main() -> int:
         results[name] = {"method": spec.method,
                          "num_speculative_tokens": spec.num_speculative_tokens,
                          "kiln_dflash2": spec.kiln_dflash2,
-                         "drafter_cache_dtype": spec.kv_cache_dtype,
                          "v2_runner": runs_model_runner_v2(config),
                          "scratch": scratch_plan(config)}
     results["model"] = load_model(configs["lookup-v15-k7"], drafter)

@@ -28,12 +28,10 @@ ALLOWED_MODEL_DTYPES = (torch.float16, torch.bfloat16)
 
 SIDE_BLOCKS_ENV = "KVARN_SIDE_BLOCKS"
 # Speculative methods whose drafts need no attention layers of their own (Model Runner V2
-# runs both through one n-gram speculator).
-DRAFT_FREE_METHODS = ("ngram", "ngram_gpu")
-# The cache of a drafter's own layers (MTP, EAGLE, DFlash2...) when the target's is KVarN:
-# the model dtype, as the series served them. Only the runner's real steps drive KVarN's
-# bookkeeping, and DFlash drafters write their context K/V outside those steps.
-DRAFTER_CACHE_DTYPE = "auto"
+# runs both through one n-gram speculator). A drafter's layers would share the target's
+# KVarN bookkeeping, which only the runner's real steps drive, and DFlash drafters write
+# their context K/V outside those steps.
+SPEC_METHODS = ("ngram", "ngram_gpu")
 
 
 @dataclass(frozen=True)
@@ -145,26 +143,14 @@ def _check_model(name: str, model_config) -> None:
 
 def _check_engine(name: str, vllm_config: VllmConfig) -> None:
     spec = vllm_config.speculative_config
-    if spec is not None and spec.method not in DRAFT_FREE_METHODS:
-        _drafter_cache(name, spec)
+    if spec is not None and spec.method not in SPEC_METHODS:
+        raise ValueError(
+            f"--kv-cache-dtype {name} with speculative method {spec.method!r} is not "
+            f"supported yet: KVarN serves draft-free speculation only "
+            f"({', '.join(SPEC_METHODS)}); use --kv-cache-dtype auto or fp8 with a "
+            "draft model")
     if vllm_config.parallel_config.use_ubatching:
         raise ValueError(
             f"--kv-cache-dtype {name} does not run with micro-batching (--enable-dbo or "
             "--ubatch-size > 1): the side pool is one per layer, not one per micro-batch")
     side_pool_plan(vllm_config, Preset.parse(name), 1, HEAD_DIMS[0])
-
-
-def _drafter_cache(name: str, spec) -> None:
-    """The drafter's layers keep a cache of their own, in the model dtype unless the
-    speculative config names another upstream dtype (upstream's per-drafter
-    ``kv_cache_dtype``, which every Model Runner V2 speculator applies)."""
-    if spec.kv_cache_dtype is None:
-        spec.kv_cache_dtype = DRAFTER_CACHE_DTYPE
-        logger.info("KVarN %s: the %s drafter's layers keep a cache in the model dtype "
-                    "(speculative kv_cache_dtype %r).", name, spec.method,
-                    DRAFTER_CACHE_DTYPE)
-    elif is_kvarn_dtype(spec.kv_cache_dtype):
-        raise ValueError(
-            f"--speculative-config kv_cache_dtype {spec.kv_cache_dtype!r}: a drafter's "
-            f"layers ({spec.method!r}) cannot take a KVarN cache; leave it unset (the "
-            "model dtype) or name an upstream dtype such as 'auto' or 'fp8'")

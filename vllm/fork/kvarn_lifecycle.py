@@ -11,8 +11,6 @@ lifecycle's step count.
 
 The hook passes the runner's attention groups, whose metadata builders own the
 lifecycles, so no module state is needed: a discarded builder's lifecycle goes with it.
-A speculator's own attention groups are not passed: a drafter's layers never take a
-KVarN cache (vllm/fork/kvarn_config.py keeps them in the model dtype).
 """
 from __future__ import annotations
 
