@@ -17,6 +17,10 @@ ELSEWHERE = {
     "kiln/testing/tinymodel/tensors.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/tokenizer.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/gpurun.py": {"torch", "triton"},  # the GPU machine's torch
+    "kiln/testing/trained/build.py": {"torch", "transformers", "tokenizers"},  # the test venv, the GPU
+    "kiln/testing/trained/data.py": {"torch", "transformers", "tokenizers"},  # the test venv, the GPU
+    "kiln/testing/trained/train.py": {"torch", "transformers", "tokenizers"},  # the test venv, the GPU
+    "kiln/testing/trained/tokenizer.py": {"torch", "transformers", "tokenizers"},  # the test venv, the GPU
     # Installed into the GPU bundle's site: the GPU machine's torch.
     "kiln/testing/standins/flashinfer/norm.py": {"torch"},
 }

@@ -11,6 +11,8 @@ lifecycle's step count.
 
 The hook passes the runner's attention groups, whose metadata builders own the
 lifecycles, so no module state is needed: a discarded builder's lifecycle goes with it.
+A speculator's own attention groups are not passed: KVarN takes only the draft-free
+speculative methods (vllm/fork/kvarn_config.py), so no drafter layer has a side pool.
 """
 from __future__ import annotations
 
