@@ -348,3 +348,43 @@ def test_speculative_verify_rows_attend_through_the_fused_kernel(model_dir, monk
         assert d.max_err > 0.05, "no quantized record was read"
     finally:
         d.close()
+
+
+def test_rejected_draft_tokens_never_reach_a_record_or_the_side_pool(model_dir, monkeypatch):
+    """Verify steps whose drafts are partly rejected, across tile boundaries: the
+    rejected drafts are a poison token whose values are 1000x a real token's, so any
+    attention that still read one after its rejection would be far off. Each step is
+    checked against the reference over the tokens the request holds then: the drafts
+    while they are verified, the accepted tokens only once they are rejected."""
+    k, poison = 3, 511
+    d = Driver(model_dir, "kvarn_k4v2_g64", monkeypatch=monkeypatch, speculative_config={
+        "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1})
+    d.v_table[poison] *= 1000.0
+    gen = torch.Generator().manual_seed(62)
+
+    def fresh(n: int) -> list[int]:
+        return torch.randint(0, poison, (n,), generator=gen).tolist()
+
+    try:
+        g = d.g
+        a = Request("ra", fresh(2 * g + 10) + fresh(200))
+        b = Request("rb", fresh(g + 50) + fresh(200))
+        d.admit(a)
+        d.step([(a, 2 * g + 10)])
+        d.admit(b)
+        d.step([(b, g + 50)])
+        crossed = {r.rid: r.computed // g for r in (a, b)}
+        for step in range(24):
+            accepted = {a.rid: step % (k + 1), b.rid: (step * 2 + 1) % (k + 1)}
+            for r in (a, b):  # the drafts after the accepted ones are rejected
+                start = r.computed + 1 + accepted[r.rid]
+                r.tokens[start: r.computed + 1 + k] = [poison] * (k - accepted[r.rid])
+            d.step([(a, 1 + k), (b, 1 + k)])
+            for r in (a, b):  # the bonus token and what follows replace the rejected
+                r.computed -= k - accepted[r.rid]
+                r.tokens[r.computed:] = fresh(len(r.tokens) - r.computed)
+        assert all(r.computed // g > crossed[r.rid] for r in (a, b)), "no tile boundary crossed"
+        d.step([(a, 1), (b, 1)])  # a last decode over the accepted tokens only
+    finally:
+        d.close()
