@@ -17,14 +17,19 @@ from tests.gpu.specs import (
 )
 
 
+def assert_32_tokens_each(*runs: dict) -> None:
+    """Each run of the hybrid scenario answered every prompt with 32 tokens of its vocab."""
+    for run in runs:
+        assert all(len(t) == 32 and all(0 <= x < run["vocab"] for x in t)
+                   for t in run["tokens"])
+
+
 @pytest.mark.scenarios("hybrid-auto", "hybrid-kvarn_k4v2_g128")
 def test_the_hybrid_model_serves_with_bf16_and_kvarn(scenario):
     bf16, kvarn = scenario("hybrid-auto"), scenario("hybrid-kvarn_k4v2_g128")
     if "skipped" in bf16:
         pytest.skip(bf16["skipped"])
-    for run in (bf16, kvarn):
-        assert all(len(t) == 32 and all(0 <= x < run["vocab"] for x in t)
-                   for t in run["tokens"])
+    assert_32_tokens_each(bf16, kvarn)
     first = sum(a[0] == b[0] for a, b in zip(bf16["tokens"], kvarn["tokens"]))
     print(f"hybrid: first tokens agree on {first} of {len(bf16['tokens'])} prompts")
 
@@ -37,9 +42,7 @@ def test_the_27b_shaped_hybrid_serves_under_graphs_with_and_without_mtp(scenario
     plain, mtp = scenario("hybrid27-auto"), scenario("hybrid27-mtp")
     if "skipped" in plain:
         pytest.skip(plain["skipped"])
-    for run in (plain, mtp):
-        assert all(len(t) == 32 and all(0 <= x < run["vocab"] for x in t)
-                   for t in run["tokens"])
+    assert_32_tokens_each(plain, mtp)
     assert mtp["drafts"] > 0 and 1.0 <= mtp["tokens_per_step"] <= 4.0, mtp
     # The first token comes from the prompt's prefill alone, drafts or not.
     assert [t[0] for t in plain["tokens"]] == [t[0] for t in mtp["tokens"]]

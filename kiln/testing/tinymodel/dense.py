@@ -17,10 +17,12 @@ from kiln.testing.tinymodel.tensors import Entry, seeded_normal, torch_dtype
 from kiln.testing.tinymodel.tokenizer import END_OF_TEXT, IM_END
 
 
-def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
-    vocab = tokenizer.get_vocab_size()
-    common: dict[str, Any] = dict(
-        vocab_size=vocab,
+def qwen3_fields(spec: Any, tokenizer: Any) -> dict[str, Any]:
+    """The transformers config fields a model spec decides, for a TinySpec and for the
+    trained reference models' spec alike: the shapes, tied embeddings, the tokenizer's
+    size and ids."""
+    return dict(
+        vocab_size=tokenizer.get_vocab_size(),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -28,13 +30,16 @@ def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.initializer_range,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.token_to_id(IM_END),
         pad_token_id=tokenizer.token_to_id(END_OF_TEXT),
     )
-    common.update(extra)
+
+
+def model_config(spec: TinySpec, tokenizer: Any, **extra: Any) -> Any:
+    common = {**qwen3_fields(spec, tokenizer), "initializer_range": spec.initializer_range,
+              **extra}
     if spec.hybrid:
         return hybrid_config(spec, common)
     from transformers import Qwen3Config

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import KilnError
-from kiln.testing.tinymodel.tokenizer import END_OF_TEXT, IM_END
+from kiln.testing.tinymodel.dense import qwen3_fields
 from kiln.testing.trained.data import batch, batch_starts
 from kiln.testing.trained.spec import TrainSpec
 
@@ -37,20 +37,7 @@ class TrainLog:
 def model_config(spec: TrainSpec, tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.token_to_id(IM_END),
-        pad_token_id=tokenizer.token_to_id(END_OF_TEXT),
-    )
+    return Qwen3Config(**qwen3_fields(spec, tokenizer))
 
 
 def learning_rate(spec: TrainSpec, step: int) -> float:
