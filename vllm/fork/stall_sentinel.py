@@ -8,7 +8,9 @@ engine holds requests and no step has completed.
 
 VLLM_ENGINE_STALL_TEST_TRIGGER names a file for tests: when it exists at the
 start of a step, that step sleeps for the number of seconds the file holds and
-the file is removed, so a test can stall a real server on purpose.
+the file is removed, so a test can stall a real server on purpose. A file that
+holds "every N" stays, and every step sleeps N seconds while it does, so a test's
+requests cannot finish however slowly its clients are scheduled.
 """
 
 from __future__ import annotations
@@ -83,11 +85,17 @@ class StallSentinel:
     def _inject_test_stall(trigger: str) -> None:
         try:
             with open(trigger) as f:
-                seconds = float(f.read().strip() or 0)
-            os.unlink(trigger)
+                text = f.read().strip()
+            every = text.startswith("every ")
+            seconds = float(text.removeprefix("every ") or 0)
+            if not every:
+                os.unlink(trigger)
         except FileNotFoundError:
             return
-        logger.warning("Stalling this engine step for %.1fs (test trigger)", seconds)
+        if every:
+            logger.warning_once("Slowing every engine step by %.3fs (test trigger)", seconds)
+        else:
+            logger.warning("Stalling this engine step for %.1fs (test trigger)", seconds)
         time.sleep(seconds)
 
 
