@@ -1,6 +1,6 @@
-"""A folder that tiny-model writes whole, marked by a stamp file recording what built it.
+"""A folder that a kiln command writes whole, marked by a stamp file recording what built it.
 
-The tiny model and the DFlash2 drafter share it: a build reuses a folder whose stamp
+The tiny model, the DFlash2 drafter and the trained reference model share it: a build reuses a folder whose stamp
 matches, replaces one holding its stamp and nothing but the files a build writes, and
 refuses anything else, so no file the user put in ``--out`` is ever deleted.
 """
@@ -25,6 +25,7 @@ class StampedFolder:
     stamp: str  # the stamp's file name
     files: frozenset[str]  # every file a build writes, the stamp included
     what: str  # "tiny model", "DFlash2 drafter": named in refusals
+    command: str = "tiny-model"  # the command that writes it, named in refusals
 
     def record(self) -> dict[str, Any] | None:
         """The stamp's contents; None where the folder has no stamp."""
@@ -34,12 +35,12 @@ class StampedFolder:
         try:
             data = json.loads(stamp.read_bytes())
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-            raise KilnError(f"{stamp}: not the JSON record tiny-model writes ({e}); move "
+            raise KilnError(f"{stamp}: not the JSON record {self.command} writes ({e}); move "
                             "the folder away or pass an empty or new folder to --out") from None
         if not isinstance(data, dict):
             raise KilnError(f"{stamp}: holds a JSON {type(data).__name__}, not the object "
-                            "tiny-model writes; move the folder away or pass an empty or new "
-                            "folder to --out")
+                            f"{self.command} writes; move the folder away or pass an empty or "
+                            "new folder to --out")
         return data
 
     def holds(self, fingerprint: str) -> bool:
@@ -63,7 +64,7 @@ class StampedFolder:
         if foreign:
             shown = ", ".join(foreign[:_SHOWN]) + (", ..." if len(foreign) > _SHOWN else "")
             raise KilnError(
-                f"{out} holds {shown}, which tiny-model did not write; it only replaces a "
+                f"{out} holds {shown}, which {self.command} did not write; it only replaces a "
                 f"folder holding a {self.what} and nothing else: move those out or pass an "
                 "empty or new folder to --out"
             )

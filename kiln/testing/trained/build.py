@@ -20,6 +20,7 @@ from typing import Any
 from kiln.errors import KilnError, naming
 from kiln.paths import cache_dir
 from kiln.testing.tinymodel.folder import NEEDS, library_versions, write_json
+from kiln.testing.tinymodel.stampedfolder import StampedFolder
 from kiln.testing.tinymodel.tokenizer import write_tokenizer
 from kiln.testing.trained.corpus import Corpus, SourceFile, corpus_digest, load_corpus, stdlib_root
 from kiln.testing.trained.data import token_stream
@@ -43,17 +44,15 @@ def fingerprint(name: str, spec: TrainSpec, corpus: Corpus) -> str:
     return h.hexdigest()[:16]
 
 
+def _stamped(folder: Path) -> StampedFolder:
+    return StampedFolder(folder, STAMP, frozenset(), "trained model", "trained-model")
+
+
 def read_stamp(folder: Path) -> dict[str, Any] | None:
-    stamp = folder / STAMP
-    if not stamp.is_file():
-        return None
-    try:
-        data = json.loads(stamp.read_bytes())
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise KilnError(f"{stamp}: not the JSON record trained-model writes ({e})") from None
-    if not isinstance(data, dict) or "fingerprint" not in data:
-        raise KilnError(f"{stamp}: not the record trained-model writes")
-    return data
+    record = _stamped(folder).record()
+    if record is not None and "fingerprint" not in record:
+        raise KilnError(f"{folder / STAMP}: not the record trained-model writes")
+    return record
 
 
 def held_out_files(folder: Path) -> tuple[Path, tuple[SourceFile, ...]]:
@@ -128,7 +127,7 @@ def build(name: str, spec: TrainSpec, parent: Path | None = None,
         raise KilnError(f"{parent} is a file, not a folder; pass a folder to --out")
     out = parent / f"{name}-{print_}"
     if out.exists():
-        if (read_stamp(out) or {}).get("fingerprint") != print_:
+        if not _stamped(out).holds(print_):
             raise KilnError(f"{out} exists and is not this trained model; move it away")
         print(f"reusing {out}", flush=True)
         return out
@@ -140,11 +139,7 @@ def build(name: str, spec: TrainSpec, parent: Path | None = None,
     try:
         with naming(tmp):  # what transformers and tokenizers write names no file
             _write(name, spec, corpus, print_, tmp)
-        # mkdtemp and the safetensors writer make owner-only files; the folder is shared.
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        tmp.rename(out)
+        _stamped(out).replace_with(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # never masks the error that ended the build
     return out
