@@ -35,7 +35,11 @@ and k are constant per head; RoPE phases and the q/k norm weights make the key
 P - 1 back win by >= 20 nats over every other key within --max-positions (the
 build refuses a shape where it would not); values carry a +/-1 code per token
 that the untied lm_head reads. It stays exact with key noise ~0.1 and value
-noise ~0.5 (relative), as a 4-bit/2-bit KV cache adds.
+noise ~0.5 (relative), as a 4-bit/2-bit KV cache adds. With --hybrid (e.g.
+--size hybrid27 --copy) every gated attention layer copies (RoPE on a quarter
+of each head, the output gate open) while the Gated DeltaNet layers keep
+random weights but write outside the copy's dimensions; the MTP layers stay
+random. Drawn on the CPU (the 27B shapes: about a minute).
 
 --dflash2-drafter --target DIR writes a random DFlash2 drafter for the model in
 DIR instead (vLLM's DFlash2DraftModel, speculative method "dflash"): a

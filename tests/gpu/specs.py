@@ -25,8 +25,12 @@ MODELS = {
     # The Qwen3.5 27B's layer shapes in 8 layers (3:1 Gated DeltaNet / gated attention at
     # head dim 256, GQA 6) and its MTP layer; ~3.5B parameters, drawn on the GPU.
     "hybrid27": dict(name="hybrid27", device="cuda"),
+    # Its copying variant (kiln/testing/tinymodel/hybridcopy.py): both gated attention
+    # layers copy the token one period back, so greedy answers are known; CPU-drawn.
+    "copy27": dict(name="hybrid27", copy_period=COPY_PERIOD),
     # A random DFlash2 drafter (kiln.testing.tinymodel.DrafterSpec fields) for a target above.
     "drafter128": dict(dflash2_drafter=dict(target="copy128", block_size=16)),
+    "drafter27": dict(dflash2_drafter=dict(target="copy27", block_size=16)),
 }
 
 
@@ -73,6 +77,22 @@ SPEC_RUNS = {
                                       drafter="drafter128"),
     "spec-none-kvarn": _spec(None, "kvarn_k4v2_g128"),
     "spec-ngram-kvarn": _spec(NGRAM7, "kvarn_k4v2_g128"),
+}
+MTP3 = {"method": "mtp", "num_speculative_tokens": 3}
+# The same check on the 27B-shaped hybrid's copying variant, each engine alone on the
+# GPU (7 GB of weights), eager and under CUDA graphs: bf16 with n-gram, MTP (k = 3, as
+# the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
+# (the methods KVarN takes today).
+SPEC27_METHODS = {"none": None, "ngram": NGRAM7, "mtp": MTP3, "dflash2": _dflash2(7)}
+SPEC27_RUNS = {
+    f"spec27-{method}-{cache}-{mode}": dict(
+        mode=mode, kv_cache_dtype=kv, max_model_len=2560, max_num_batched_tokens=1024,
+        kv_cache_memory_bytes=2 * GIB, gpu_memory_utilization=0.3, exclusive=True,
+        speculative=speculative, **({"drafter": "drafter27"} if method == "dflash2" else {}))
+    for mode in ("eager", "graphs")
+    for cache, kv in (("bf16", "auto"), ("kvarn", "kvarn_k4v2_g128"))
+    for method, speculative in SPEC27_METHODS.items()
+    if cache == "bf16" or method in ("none", "ngram")
 }
 # DFlash2 under CUDA graphs at k = 3 (upstream's drafter alone), 7 and 15, watched by
 # upstream's JIT monitor after boot (k = 7 in mode error, the others log each compile).
@@ -206,6 +226,7 @@ def kv_bytes_per_step(cache_dtype: str, batch: int, context: int, model: str) ->
 SCENARIOS: dict[str, tuple[str, str, dict]] = {
     **{name: ("spec_decode", "copy128", spec) for name, spec in SPEC_RUNS.items()},
     **{name: ("dflash2_jit", "copy128", spec) for name, spec in JIT_RUNS.items()},
+    **{name: ("spec_decode", "copy27", spec) for name, spec in SPEC27_RUNS.items()},
     # Exact parity on the copy models; the random ones give agreement statistics.
     **{f"parity-copy{d}-{m}": ("parity", f"copy{d}", _parity(
         m, copy=True, transformers=m == "eager", lengths=[COPY_PERIOD + 1, 600, 1000],

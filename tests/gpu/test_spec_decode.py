@@ -1,12 +1,12 @@
-"""Speculative decoding on the copy model: every method lossless against none (bf16 and
-KVarN), the copy task's tokens per step with n-gram chains and lookup drafting, and
-DFlash2 with the random drafter at k = 3, 7, 15 under CUDA graphs with no JIT compile
-after boot."""
+"""Speculative decoding on the copy models: every method lossless against none (bf16 and
+KVarN; on the 27B-shaped hybrid's copying variant too, eager and under CUDA graphs), the
+copy task's tokens per step with n-gram chains and lookup drafting, and DFlash2 with the
+random drafter at k = 3, 7, 15 under CUDA graphs with no JIT compile after boot."""
 import os
 
 import pytest
 
-from tests.gpu.specs import JIT_RUNS, SPEC_RUNS
+from tests.gpu.specs import JIT_RUNS, SPEC27_RUNS, SPEC_RUNS
 
 # VLLM_TRITON_SPEC_VERIFY_ATTN=1 or 0 in the run's environment forces whose kernel serves
 # TRITON_ATTN's verify batches; the runs below then check it was that one.
@@ -34,6 +34,25 @@ def test_spec_decode_is_lossless_against_no_speculation(scenario, none, runs):
     # The copy model's greedy answers have wide margins: without speculation they are
     # the copy, so the runs above are right, not merely alike.
     assert base["tokens"] == base["expected"] and base["copy_broken"] == 0
+
+
+SPEC27_GROUPS = sorted({n.split("-", 2)[2] for n in SPEC27_RUNS})  # "bf16-eager", ...
+
+
+@pytest.mark.parametrize("group", SPEC27_GROUPS)
+@pytest.mark.scenarios(*SPEC27_RUNS)
+def test_spec_decode_is_lossless_on_the_27b_shaped_hybrid(scenario, group):
+    """Gated DeltaNet state and the attention cache under verify batches, at the 27B's
+    layer shapes: each method's greedy tokens are those without speculation, which
+    are the copy (so right, not merely alike)."""
+    base = scenario(f"spec27-none-{group}")
+    assert base["tokens"] == base["expected"] and base["copy_broken"] == 0
+    for name in (n for n in SPEC27_RUNS if n.endswith(group) and "-none-" not in n):
+        run = scenario(name)
+        same = sum(a == b for a, b in zip(run["tokens"], base["tokens"]))
+        assert run["tokens"] == base["tokens"], f"{name}: {same} of {len(base['tokens'])}"
+        assert run["copy"]["drafts"] > 0 and run["copy_broken"] == 0, name
+        print(f"{name}: copy task {run['copy']['tokens_per_step']:.2f} tokens per step")
 
 
 @pytest.mark.scenarios("spec-dflash2-chains-bf16", "spec-dflash2-lookup-bf16",

@@ -1,5 +1,5 @@
-"""The GPU tier's run selection that is read on the CPU: the speed runs' shapes and
-profile, and the profiler table's total."""
+"""The GPU tier's run selection that is read on the CPU: the models' specs, the speed
+runs' shapes and profile, and the profiler table's total."""
 import pytest
 
 from tests.gpu.specs import (
@@ -114,3 +114,19 @@ def test_profiled_steps_read_vllms_step_annotations_from_a_real_table():
                     x = torch.tanh(x @ x)
     assert profiled_steps(prof.key_averages().table(sort_by="self_cpu_time_total")) == steps
     assert profiled_steps("Self CPU time total: 1.000ms") == {}
+
+
+def test_every_model_the_tier_builds_is_a_valid_spec_and_every_copy_design_holds():
+    """A bad preset or a copy too weak for its positions would fail on the GPU machine
+    only, after the bundle is built; here it fails first."""
+    from kiln.testing import tinymodel
+    from tests.gpu.specs import MODELS
+
+    for name, fields in MODELS.items():
+        if "dflash2_drafter" in fields:
+            assert fields["dflash2_drafter"]["target"] in MODELS, name
+            continue
+        spec = tinymodel.preset(**fields)
+        tinymodel.validate(spec)
+        if spec.copy_period is not None:
+            assert tinymodel.copy_design(spec).margin_nats >= tinymodel.COPY_MIN_MARGIN, name

@@ -1,13 +1,13 @@
 """Tiny Qwen3-architecture models made locally and deterministically, no hub: random
 weights from a fixed seed (transformers' own init, or a generator per tensor streamed
 to disk for large sizes, dense Qwen3 or a Qwen3.5 hybrid with MTP), a copying model
-with constructed weights whose greedy answer is known in advance, a random DFlash2
+(dense or hybrid) with constructed weights whose greedy answer is known in advance, a random DFlash2
 drafter for a target folder, and a byte-level BPE tokenizer trained on this package's
 ``corpus.txt``. The same inputs give the same bytes, so a built folder is cached by a
 fingerprint of what went into it. torch, transformers and tokenizers are imported
 inside the functions that need them, so kiln imports with the standard library only.
 What callers use is exported here; the modules split it by job (spec, tokenizer,
-tensors, dense, hybrid, copymodel, drafter, folder, model).
+tensors, dense, hybrid, copymodel, hybridcopy, drafter, folder, model).
 """
 
 from kiln.testing.tinymodel.copymodel import COPY_MIN_MARGIN, CopyDesign, copy_continuation, copy_design, copy_prompt

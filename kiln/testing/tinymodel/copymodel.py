@@ -16,7 +16,7 @@ from typing import Any
 from kiln.errors import KilnError
 from kiln.testing.tinymodel.dense import param_shapes
 from kiln.testing.tinymodel.folder import read_spec
-from kiln.testing.tinymodel.spec import TinySpec, code_dims, validate
+from kiln.testing.tinymodel.spec import TinySpec, code_dims, rotary_dims, validate
 from kiln.testing.tinymodel.tensors import Entry, tensor_seed, torch_dtype
 from kiln.testing.tinymodel.tokenizer import SPECIAL_TOKENS
 
@@ -56,42 +56,48 @@ _COPY_THETAS = (2.0, 3.0, 10.0)
 _COPY_POWERS = (2.0, 3.0, 4.0)
 
 
-def _rope_inv_freq(theta: float, head_dim: int) -> Any:
-    """theta_i = rope_theta ** (-2i / D), in float32 as transformers and vLLM make it."""
+def _rope_inv_freq(theta: float, rotary_dims: int) -> Any:
+    """theta_i = rope_theta ** (-2i / R), in float32 as transformers and vLLM make it."""
     import torch
 
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    return 1.0 / (theta ** (torch.arange(0, rotary_dims, 2, dtype=torch.float32) / rotary_dims))
 
 
 def _scores(q: Any, k: Any, inv_freq: Any, positions: int) -> Any:
     """Attention logit of a query at p against the key at p - d, for d = 0..positions-1.
 
     q and k are the per-head vectors after q_norm/k_norm (constant over
-    positions); neox RoPE turns channel pair (i, i + D/2) by position * theta_i.
+    positions); neox RoPE turns channel pair (i, i + R/2) of the first R = 2 x
+    len(inv_freq) channels by position * theta_i; the channels past R add the
+    same q . k at every distance.
     """
     import torch
 
     q, k = q.double(), k.double()
-    half = q.numel() // 2
-    qa, qb, ka, kb = q[:half], q[half:], k[:half], k[half:]
+    rot = 2 * inv_freq.numel()
+    half = rot // 2
+    qa, qb, ka, kb = q[:half], q[half:rot], k[:half], k[half:rot]
     real = qa * ka + qb * kb
     imag = qb * ka - qa * kb
     angle = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq.double()[None, :]
-    return (torch.cos(angle) @ real - torch.sin(angle) @ imag) / math.sqrt(q.numel())
+    still = float(q[rot:] @ k[rot:])
+    return (torch.cos(angle) @ real - torch.sin(angle) @ imag + still) / math.sqrt(q.numel())
 
 
 def _copy_qk(spec: TinySpec) -> tuple[Any, Any, float, float, float]:
-    """q_norm and k_norm weights (as stored), rope_theta, freq power, peak score."""
+    """q_norm and k_norm weights as they act (the stored ones: norm_weights),
+    rope_theta, freq power, peak score."""
     import torch
 
     D, M, P = spec.head_dim, spec.max_position_embeddings, spec.copy_period
+    R = rotary_dims(spec)
     assert P is not None
     # Offsets d - (P - 1) of every key a query can see, the target's excluded.
     delta = torch.arange(M, dtype=torch.float64) - (P - 1)
     delta = delta[delta != 0]
     best: tuple[float, float, float] | None = None
     for theta in _COPY_THETAS:
-        freq = _rope_inv_freq(theta, D).double()
+        freq = _rope_inv_freq(theta, R).double()
         loss = 1.0 - torch.cos(delta[:, None] * freq[None, :])
         for power in _COPY_POWERS:
             weight = freq**power
@@ -103,18 +109,26 @@ def _copy_qk(spec: TinySpec) -> tuple[Any, Any, float, float, float]:
     assert best is not None
     unit_margin, theta, power = best
     peak = min(COPY_TARGET_MARGIN / max(unit_margin, 1e-9), COPY_MAX_SCORE)
-    freq = _rope_inv_freq(theta, D).double()
+    freq = _rope_inv_freq(theta, R).double()
     weight = freq**power
     weight = weight / weight.sum()
     # q . k / sqrt(D) summed over pairs is the peak score when the pairs align.
     amplitude = torch.sqrt(weight * peak * math.sqrt(D))
     # The key has phase 0, the query is turned back by (P - 1) * theta_i, so
-    # the two line up exactly P - 1 positions apart.
+    # the two line up exactly P - 1 positions apart; unturned channels stay 0.
     phase = -(P - 1) * freq
-    q = torch.cat([amplitude * torch.cos(phase), amplitude * torch.sin(phase)])
-    k = torch.cat([amplitude, torch.zeros_like(amplitude)])
-    dtype = torch_dtype(spec.dtype)
-    return q.to(dtype), k.to(dtype), theta, power, peak
+    still = torch.zeros(D - R, dtype=torch.float64)
+    q = torch.cat([amplitude * torch.cos(phase), amplitude * torch.sin(phase), still])
+    k = torch.cat([amplitude, torch.zeros_like(amplitude), still])
+    return q, k, theta, power, peak
+
+
+def norm_weights(spec: TinySpec, acting: Any) -> tuple[Any, Any]:
+    """The stored q_norm/k_norm weight that makes a norm scale by ``acting``, and
+    what it then scales by after rounding to the spec's dtype. Qwen3.5's norms
+    scale by (1 + w), in float32; Qwen3's by w."""
+    stored = (acting - 1.0 if spec.hybrid else acting).to(torch_dtype(spec.dtype))
+    return stored, (1.0 + stored.float() if spec.hybrid else stored).double()
 
 
 def _copy_codes(spec: TinySpec, vocab: int) -> tuple[Any, int]:
@@ -162,7 +176,10 @@ def copy_parts(spec: TinySpec, vocab: int) -> tuple[CopyDesign, dict[str, Any]]:
     import torch
 
     q, k, theta, power, peak = _copy_qk(spec)
-    scores = _scores(q, k, _rope_inv_freq(theta, spec.head_dim), spec.max_position_embeddings)
+    q_norm, q = norm_weights(spec, q)
+    k_norm, k = norm_weights(spec, k)
+    scores = _scores(q, k, _rope_inv_freq(theta, rotary_dims(spec)),
+                     spec.max_position_embeddings)
     P = spec.copy_period
     assert P is not None
     target = float(scores[P - 1])
@@ -193,66 +210,87 @@ def copy_parts(spec: TinySpec, vocab: int) -> tuple[CopyDesign, dict[str, Any]]:
         min_code_distance=min_distance,
         lm_head_scale=lm_scale,
     )
-    return design, {"q_norm": q, "k_norm": k, "codes": codes}
+    return design, {"q_norm": q_norm, "k_norm": k_norm, "codes": codes}
+
+
+def copy_layout(spec: TinySpec, parts: dict[str, Any]) -> tuple[int, int]:
+    """Where the residual stream keeps the constant and the copied code: the token's
+    code is in dims [0, c), the constant 1 in c, the copied code in [c + 1, 2c + 1)."""
+    c = parts["codes"].shape[1]
+    return c, c + 1
+
+
+def copy_embed(spec: TinySpec, vocab: int, parts: dict[str, Any]) -> Any:
+    import torch
+
+    codes = parts["codes"]
+    one, _ = copy_layout(spec, parts)
+    w = torch.zeros(vocab, spec.hidden_size)
+    w[:, : codes.shape[1]] = codes
+    w[:, one] = 1.0
+    return w
+
+
+def read_constant(spec: TinySpec, parts: dict[str, Any], rows: int, value: float = 1.0) -> Any:
+    """A projection whose every output reads the constant. As q or k, after
+    q_norm/k_norm, that is the norm weight itself at every position."""
+    import torch
+
+    one, _ = copy_layout(spec, parts)
+    w = torch.zeros(rows, spec.hidden_size)
+    w[:, one] = value
+    return w
+
+
+def copy_v_proj(spec: TinySpec, parts: dict[str, Any]) -> Any:
+    """Code dimension i travels in KV head i % Hkv, channel i // Hkv, so every KV
+    head carries part of the code."""
+    import torch
+
+    D, Hkv = spec.head_dim, spec.num_kv_heads
+    w = torch.zeros(Hkv * D, spec.hidden_size)
+    for i in range(parts["codes"].shape[1]):
+        w[(i % Hkv) * D + i // Hkv, i] = 1.0
+    return w
+
+
+def copy_o_proj(spec: TinySpec, parts: dict[str, Any]) -> Any:
+    """Each query head's share of the copied code, into the copied-code dims."""
+    import torch
+
+    D, H, Hkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    group = H // Hkv
+    c, out0 = parts["codes"].shape[1], copy_layout(spec, parts)[1]
+    w = torch.zeros(spec.hidden_size, H * D)
+    for h in range(H):
+        g = h // group
+        for ch in range(D):
+            i = ch * Hkv + g
+            if i < c:
+                w[out0 + i, h * D + ch] = 1.0 / group
+    return w
+
+
+def copy_lm_head(spec: TinySpec, vocab: int, parts: dict[str, Any], lm_scale: float) -> Any:
+    import torch
+
+    codes = parts["codes"]
+    out0 = copy_layout(spec, parts)[1]
+    w = torch.zeros(vocab, spec.hidden_size)
+    w[:, out0 : out0 + codes.shape[1]] = codes * lm_scale
+    # Special tokens score 0 against a right token near +32: never produced.
+    w[: len(SPECIAL_TOKENS)] = 0.0
+    return w
 
 
 def copy_entries(
     spec: TinySpec, vocab: int, parts: dict[str, Any], lm_scale: float
 ) -> list[Entry]:
-    """The copying model's weights (see copy_design and the module docstring).
-
-    Residual stream layout: [code(t): c dims | 1 | copied code: c dims | 0...].
-    """
+    """The dense copying model's weights (see copy_design and the module docstring);
+    the MLPs write nothing."""
     import torch
 
-    d, D = spec.hidden_size, spec.head_dim
-    H, Hkv = spec.num_heads, spec.num_kv_heads
-    group = H // Hkv
-    codes = parts["codes"]
-    c = codes.shape[1]
-    one = c  # the constant dimension
-    out0 = c + 1  # first dimension of the copied code
-
-    def embed() -> Any:
-        w = torch.zeros(vocab, d)
-        w[:, :c] = codes
-        w[:, one] = 1.0
-        return w
-
-    def qk_proj(rows: int) -> Callable[[], Any]:
-        # Every head reads only the constant: after q_norm/k_norm that is the
-        # norm weight itself, the same vector at every position.
-        def make() -> Any:
-            w = torch.zeros(rows, d)
-            w[:, one] = 1.0
-            return w
-
-        return make
-
-    # Code dimension i travels in KV head i % Hkv, channel i // Hkv, so every
-    # KV head carries part of the code.
-    def v_proj() -> Any:
-        w = torch.zeros(Hkv * D, d)
-        for i in range(c):
-            w[(i % Hkv) * D + i // Hkv, i] = 1.0
-        return w
-
-    def o_proj() -> Any:
-        w = torch.zeros(d, H * D)
-        for h in range(H):
-            g = h // group
-            for ch in range(D):
-                i = ch * Hkv + g
-                if i < c:
-                    w[out0 + i, h * D + ch] = 1.0 / group
-        return w
-
-    def lm_head() -> Any:
-        w = torch.zeros(vocab, d)
-        w[:, out0 : out0 + c] = codes * lm_scale
-        # Special tokens score 0 against a right token near +32: never produced.
-        w[: len(SPECIAL_TOKENS)] = 0.0
-        return w
+    d = spec.hidden_size
 
     def ones(n: int) -> Callable[[], Any]:
         return lambda: torch.ones(n)
@@ -261,9 +299,9 @@ def copy_entries(
         return lambda: torch.zeros(shape)
 
     makers: dict[str, Callable[[], Any]] = {
-        "model.embed_tokens.weight": embed,
+        "model.embed_tokens.weight": lambda: copy_embed(spec, vocab, parts),
         "model.norm.weight": ones(d),
-        "lm_head.weight": lm_head,
+        "lm_head.weight": lambda: copy_lm_head(spec, vocab, parts, lm_scale),
     }
     entries: list[Entry] = []
     for name, shape in param_shapes(spec, vocab, tied=False):
@@ -273,13 +311,14 @@ def copy_entries(
             make = {
                 "input_layernorm": ones(d),
                 "post_attention_layernorm": ones(d),
-                "q_proj": qk_proj(H * D),
-                "k_proj": qk_proj(Hkv * D),
-                "v_proj": v_proj,
-                "o_proj": o_proj,
+                "q_proj": lambda: read_constant(spec, parts, spec.num_heads * spec.head_dim),
+                "k_proj": lambda: read_constant(spec, parts,
+                                                spec.num_kv_heads * spec.head_dim),
+                "v_proj": lambda: copy_v_proj(spec, parts),
+                "o_proj": lambda: copy_o_proj(spec, parts),
                 "q_norm": lambda: parts["q_norm"],
                 "k_norm": lambda: parts["k_norm"],
-            }.get(part, zeros(shape))  # the MLP writes nothing
+            }.get(part, zeros(shape))
         entries.append((name, shape, make))
     return entries
 

@@ -96,7 +96,7 @@ def param_count(spec: TinySpec, vocab: int | None = None) -> int:
     included; lm_head counted once if tied)."""
     vocab = vocab or spec.vocab_size
     if spec.hybrid:
-        shapes = hybrid_param_shapes(spec, vocab)
+        shapes = hybrid_param_shapes(spec, vocab, tied=spec.copy_period is None)
     else:
         shapes = param_shapes(spec, vocab, tied=spec.copy_period is None)
     return sum(math.prod(shape) for _, shape in shapes)

@@ -95,14 +95,17 @@ def _layer(spec: TinySpec, p: str, kind: str) -> Shapes:
     ]
 
 
-def hybrid_param_shapes(spec: TinySpec, vocab: int) -> Shapes:
+def hybrid_param_shapes(spec: TinySpec, vocab: int, tied: bool = True) -> Shapes:
     """Every tensor of the checkpoint, in the order written: the main model as
-    transformers names it (embeddings tied), then the MTP layers."""
+    transformers names it (an lm_head unless tied to the embedding), then the MTP
+    layers."""
     d = spec.hidden_size
     shapes: Shapes = [("model.embed_tokens.weight", (vocab, d))]
     for i, kind in enumerate(layer_types(spec)):
         shapes += _layer(spec, f"model.layers.{i}.", kind)
     shapes.append(("model.norm.weight", (d,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (vocab, d)))
     if spec.mtp_layers:
         # The MTP head: norms of the embedding and of the main model's last
         # hidden state, fc joining the two, full-attention layers, a final norm.
@@ -117,7 +120,8 @@ def hybrid_param_shapes(spec: TinySpec, vocab: int) -> Shapes:
     return shapes
 
 
-def _maker(spec: TinySpec, name: str, shape: tuple[int, ...]) -> Callable[[], Any]:
+def hybrid_maker(spec: TinySpec, name: str, shape: tuple[int, ...]) -> Callable[[], Any]:
+    """How the random hybrid draws one tensor (see hybrid_entries)."""
     import torch
 
     seed, device = spec.seed, spec.device
@@ -148,4 +152,4 @@ def hybrid_entries(spec: TinySpec, vocab: int) -> list[Entry]:
     per tensor on ``spec.device``, identity norms, Mamba2-style A_log and dt_bias,
     torch's default convolution init. The CPU's bytes are the same on every machine;
     cuda's are not the CPU's (see seeded_generator)."""
-    return [(n, s, _maker(spec, n, s)) for n, s in hybrid_param_shapes(spec, vocab)]
+    return [(n, s, hybrid_maker(spec, n, s)) for n, s in hybrid_param_shapes(spec, vocab)]

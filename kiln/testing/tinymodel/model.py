@@ -20,7 +20,8 @@ from kiln.testing.tinymodel.copymodel import copy_entries, copy_parts
 from kiln.testing.tinymodel.dense import model_config, seeded_entries, write_model
 from kiln.testing.tinymodel.folder import NEEDS, STAMP, library_versions, model_folder, write_json
 from kiln.testing.tinymodel.hybrid import hybrid_entries
-from kiln.testing.tinymodel.spec import TinySpec, spec_dict, validate
+from kiln.testing.tinymodel.hybridcopy import hybrid_copy_entries
+from kiln.testing.tinymodel.spec import HYBRID_ROTARY_FRACTION, TinySpec, spec_dict, validate
 from kiln.testing.tinymodel.tensors import write_safetensors
 from kiln.testing.tinymodel.tokenizer import CORPUS, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 
@@ -39,7 +40,9 @@ def fingerprint(spec: TinySpec, corpus: Path = CORPUS) -> str:
 
 
 def default_out(spec: TinySpec) -> Path:
-    kind = "hybrid" if spec.hybrid else "copy" if spec.copy_period else "dense"
+    kinds = {(False, False): "dense", (False, True): "copy", (True, False): "hybrid",
+             (True, True): "hybrid-copy"}
+    kind = kinds[spec.hybrid, spec.copy_period is not None]
     return cache_dir() / "tiny-model" / f"{kind}-{fingerprint(spec)}"
 
 
@@ -70,13 +73,13 @@ def _write_streamed(spec: TinySpec, tokenizer: Any, out: Path) -> dict[str, Any]
             raise KilnError(f"tokenizer has {vocab} tokens, the spec {spec.vocab_size}")
         design, parts = copy_parts(spec, vocab)
         record = design.as_json()
-        config = streamed_config(
-            spec,
-            tokenizer,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": design.rope_theta},
-        )
-        entries = copy_entries(spec, vocab, parts, design.lm_head_scale)
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": design.rope_theta}
+        if spec.hybrid:
+            rope["partial_rotary_factor"] = HYBRID_ROTARY_FRACTION
+        config = streamed_config(spec, tokenizer, tie_word_embeddings=False,
+                                 rope_parameters=rope)
+        write = hybrid_copy_entries if spec.hybrid else copy_entries
+        entries = write(spec, vocab, parts, design.lm_head_scale)
     else:
         config = streamed_config(spec, tokenizer)
         entries = hybrid_entries(spec, vocab) if spec.hybrid else seeded_entries(spec, vocab)

@@ -14,6 +14,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("transformers", "seeded")
 DEVICES = ("cpu", "cuda")
 DEFAULT_COPY_PERIOD = 257
+# Qwen3.5 rotates a quarter of each head (transformers' Qwen3_5TextConfig default
+# rope_parameters["partial_rotary_factor"]; hybrid.py writes it into the config).
+HYBRID_ROTARY_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,11 @@ def spec_from_dict(data: dict[str, Any]) -> TinySpec:
 MIN_CODE_DIMS = 24
 
 
+def rotary_dims(spec: TinySpec) -> int:
+    """Channels of a head that RoPE turns: all of a dense Qwen3's, a quarter of Qwen3.5's."""
+    return int(spec.head_dim * HYBRID_ROTARY_FRACTION) if spec.hybrid else spec.head_dim
+
+
 def code_dims(spec: TinySpec) -> int:
     return min((spec.hidden_size - 1) // 2, spec.num_kv_heads * spec.head_dim)
 
@@ -208,8 +216,6 @@ def validate(spec: TinySpec) -> None:
     if spec.copy_period is None:
         return
     period = spec.copy_period
-    if spec.hybrid:
-        raise KilnError("--copy and --hybrid: the copying model is dense attention only")
     if not isinstance(period, int) or isinstance(period, bool) or period < 2:
         raise KilnError(f"--copy-period {period}: must be a whole number >= 2")
     if period > spec.max_position_embeddings:
