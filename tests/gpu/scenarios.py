@@ -502,6 +502,57 @@ def spec_decode(spec: dict[str, Any]) -> dict[str, Any]:
             "prompt_lengths": lengths, "verify_attention": _verify_attention(), **_pool(llm)}
 
 
+def _timed(llm, ids: list[list[int]], n: int) -> tuple[float, list[Any]]:
+    started = time.perf_counter()
+    outs = llm.generate(_prompts(ids), _greedy(n, ignore_eos=True), use_tqdm=False)
+    return time.perf_counter() - started, outs
+
+
+def conversation(spec: dict[str, Any]) -> dict[str, Any]:
+    """Prefix reuse on the hybrid copying model as a chat client asks: each turn's prompt
+    is the last turn's prompt, its answer and spec["turns"][i] new tokens, for
+    spec["conversations"] conversations at once (in a small pool: preemption and
+    eviction). The answers are the copy, known in advance, so a wrong Gated DeltaNet
+    state or KVarN record restored from the cache shows. Per turn: the tokens served from
+    the prefix cache (RequestOutput.num_cached_tokens) and the time to a first token;
+    with spec["cold"], beside it the same prompts' time with their first token changed,
+    so that nothing matches (side by side, on one engine)."""
+    from kiln.testing import tinymodel
+
+    model = spec["model"]
+    period = tinymodel.read_spec(Path(model)).copy_period
+    rng = random.Random(13)
+    vocab = _vocab(model)
+    talks = spec.get("conversations", 1)
+    n = spec.get("answer_tokens", 64)
+    llm = _llm(spec, max_num_seqs=max(talks, 2))
+    preempted = _counter(llm, "vllm:num_preemptions")
+    prompts = [tinymodel.copy_prompt(model, spec["turns"][0], seed=c + 1) for c in range(talks)]
+    answers: list[list[int]] = []
+    turns = []
+    for i, added in enumerate(spec["turns"]):
+        if i:
+            prompts = [p + a + _random_ids(rng, added, vocab) for p, a in zip(prompts, answers)]
+        expected = [tinymodel.copy_continuation(p, n, period) for p in prompts]
+        row: dict[str, Any] = {"prompt_tokens": [len(p) for p in prompts]}
+        if spec.get("cold"):
+            changed = [[SPECIAL_IDS + (p[0] - SPECIAL_IDS + 1) % (vocab - SPECIAL_IDS), *p[1:]]
+                       for p in prompts]
+            row["cold_first_token_s"], _ = _timed(llm, changed, 1)
+        row["first_token_s"], firsts = _timed(llm, prompts, 1)
+        row["cached_tokens"] = [o.num_cached_tokens for o in firsts]
+        row["first_right"] = sum(o.outputs[0].token_ids[0] == e[0]
+                                 for o, e in zip(firsts, expected))
+        _, outs = _timed(llm, prompts, n)
+        answers = [list(o.outputs[0].token_ids) for o in outs]
+        row["answers_right"] = sum(a == e for a, e in zip(answers, expected))
+        turns.append(row)
+    cache = llm.llm_engine.vllm_config.cache_config
+    return {"turns": turns, "conversations": talks, "answer_tokens": n,
+            "preemptions": _counter(llm, "vllm:num_preemptions") - preempted,
+            "mamba_cache_mode": cache.mamba_cache_mode, **_pool(llm)}
+
+
 def _log_lines() -> list[str]:
     """This scenario's log so far (stdout and stderr, which the session sends to
     $KILN_SCENARIO_LOG): read back rather than hooked, since vLLM reconfigures its
@@ -564,7 +615,7 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
 
 SCENARIOS = {f.__name__: f for f in (parity, kvarn_copy, agreement, noise_reference,
                                       hybrid, serve, profile, speed, spec_decode,
-                                      dflash2_jit)}
+                                      dflash2_jit, conversation)}
 
 
 def main() -> int:

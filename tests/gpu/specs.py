@@ -83,6 +83,7 @@ MTP3 = {"method": "mtp", "num_speculative_tokens": 3}
 # GPU (7 GB of weights), eager and under CUDA graphs: bf16 with n-gram, MTP (k = 3, as
 # the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
 # (the methods KVarN takes today).
+CACHES27 = {"bf16": "auto", "kvarn": "kvarn_k4v2_g128"}
 SPEC27_METHODS = {"none": None, "ngram": NGRAM7, "mtp": MTP3, "dflash2": _dflash2(7)}
 SPEC27_RUNS = {
     f"spec27-{method}-{cache}-{mode}": dict(
@@ -90,7 +91,7 @@ SPEC27_RUNS = {
         kv_cache_memory_bytes=2 * GIB, gpu_memory_utilization=0.3, exclusive=True,
         speculative=speculative, **({"drafter": "drafter27"} if method == "dflash2" else {}))
     for mode in ("eager", "graphs")
-    for cache, kv in (("bf16", "auto"), ("kvarn", "kvarn_k4v2_g128"))
+    for cache, kv in CACHES27.items()
     for method, speculative in SPEC27_METHODS.items()
     if cache == "bf16" or method in ("none", "ngram")
 }
@@ -260,6 +261,17 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
         max_model_len=4096, max_num_batched_tokens=2048, exclusive=True, **extra))
        for name, extra in (("auto", {}), ("mtp", dict(speculative=dict(
            method="mtp", num_speculative_tokens=3))))},
+    # Prefix reuse on the 27B-shaped hybrid's copying variant, alone on the GPU under
+    # graphs, chunked prefill of 2048: one conversation of three turns (16K, then 4K
+    # new tokens a turn) beside its cold prefills; eight at once in a 1 GiB pool.
+    **{f"conv27-{cache}": ("conversation", "copy27", dict(
+        kv_cache_dtype=kv, mode="graphs", max_model_len=32768, max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=4 * GIB, gpu_memory_utilization=0.35, exclusive=True,
+        turns=[16384, 4096, 4096], cold=True)) for cache, kv in CACHES27.items()},
+    **{f"crowd27-{cache}": ("conversation", "copy27", dict(
+        kv_cache_dtype=kv, mode="graphs", max_model_len=8192, max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=GIB, gpu_memory_utilization=0.3, exclusive=True,
+        turns=[4000, 1000], conversations=8)) for cache, kv in CACHES27.items()},
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
     "profile-huge-ngram": ("profile", "copy128",
                            dict(profile="ctx=huge,spec=ngram,prefix-cache")),
