@@ -1,9 +1,10 @@
-"""`vllm serve --kiln-profile prefix-cache,tool-strict` on the tiny model (issue 14).
+"""`vllm serve --kiln-profile card=24g,prefix-cache,tool-strict` on the tiny model.
 
 A server of its own (the shared one runs without a profile): it boots with the
 profile and the model's tool-call format (pythonic: the tiny model has no tool-call
-tokens), logs the resolved arguments, and a forced tool call comes back with
-arguments that satisfy the tool's schema although the weights are random.
+tokens), logs the resolved arguments, fits its context to the KV pool (card=24g's
+--max-model-len -1: the tiny model's whole context fits), and a forced tool call comes
+back with arguments that satisfy the tool's schema although the weights are random.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_config import MAX_MODEL_LEN
 from vllm_server import VllmServer, running
 
 # Bounded strings and an enum, so a random-weight model still ends the call.
@@ -36,11 +36,9 @@ def profiled_server(tiny_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
     srv = VllmServer(
         model=str(tiny_model),
         args=[
-            "--kiln-profile", "prefix-cache,tool-strict",
+            "--kiln-profile", "card=24g,prefix-cache,tool-strict",
             "--tool-call-parser", "pythonic",
             "--dtype", "float32",
-            "--max-model-len", str(MAX_MODEL_LEN),
-            "--max-num-seqs", "2",
             "--enforce-eager",
             # No free whitespace, so the random-weight model closes the JSON.
             "--structured-outputs-config",
@@ -54,12 +52,24 @@ def profiled_server(tiny_model: Path, tmp_path_factory) -> Iterator[VllmServer]:
 
 
 def test_startup_log_shows_the_resolved_arguments(profiled_server) -> None:
-    line = re.search(r"--kiln-profile prefix-cache,tool-strict resolved: (.*)",
+    line = re.search(r"--kiln-profile card=24g,prefix-cache,tool-strict resolved: (.*)",
                      profiled_server.log_text())
     assert line, profiled_server.log_tail()
+    assert "--max-model-len -1 (from profile card=24g)" in line.group(1)
+    assert "--max-num-seqs 4 (from profile card=24g)" in line.group(1)
     assert "--enable-prefix-caching (from profile prefix-cache)" in line.group(1)
     assert "--enable-auto-tool-choice (from profile tool-strict)" in line.group(1)
     assert "--tool-strict-level parameter (from profile tool-strict)" in line.group(1)
+
+
+def test_card_24g_fits_the_context_to_the_kv_pool(profiled_server, tiny_model) -> None:
+    import httpx
+
+    positions = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
+    served = httpx.get(profiled_server.url + "/v1/models", timeout=30).json()["data"][0]
+    assert served["max_model_len"] == positions
+    assert re.search(rf"Auto-fit max_model_len: full model context length {positions} fits",
+                     profiled_server.log_text()), profiled_server.log_tail()
 
 
 def test_forced_tool_call_satisfies_the_schema(profiled_server) -> None:

@@ -382,6 +382,81 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
         server.stop()
 
 
+def _gpu_used_mib() -> int:
+    """Memory every process holds on the GPU (nvidia-smi), the CUDA contexts included:
+    what a 24 GB card would have to hold. The engine runs alone (exclusive)."""
+    import subprocess
+
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         check=True).stdout
+    return sum(int(line) for line in out.split() if line.strip().isdigit())
+
+
+def card_budget(spec: dict[str, Any]) -> dict[str, Any]:
+    """`vllm serve --kiln-profile card=24g,...` inside a 24 GB card's memory on a larger
+    card: --gpu-memory-utilization is the budget's share of this card (an explicit
+    argument, which the profile leaves alone). Start-up either refuses, with its one
+    error line, or serves: the KV pool and the context auto-fit gave it, four seats
+    answering at once, then one prompt of spec["long_prompt"] tokens (bounded by that
+    context), and the GPU memory every process held after each (nvidia-smi)."""
+    import concurrent.futures
+    import re
+    import urllib.request
+
+    import torch
+
+    from tests.e2e.vllm_server import ServerStartError, VllmServer
+
+    model = spec["model"]
+    total = torch.cuda.mem_get_info()[1]
+    util = spec["budget_gib"] * GIB / total
+    args = ["--dtype", "bfloat16", "--kiln-profile", spec["profile"],
+            "--gpu-memory-utilization", f"{util:.4f}", *spec.get("args", [])]
+    if "drafter" in spec:
+        args += ["--speculative-config", json.dumps({"model": spec["drafter"]})]
+    server = VllmServer(model=model, log_path=Path(spec["log_dir"]) / "card.log",
+                        env={"VLLM_TARGET_DEVICE": "cuda"}, args=args)
+    try:
+        server.start(timeout=900)
+    except ServerStartError:
+        errors = [line for line in server.log_text().splitlines()
+                  if line.startswith("vllm serve: error:") or "Error:" in line]
+        return {"refused": errors[-1] if errors else server.log_tail(20), "util": util}
+    try:
+        log = server.log_text()
+        with urllib.request.urlopen(server.url + "/v1/models", timeout=30) as r:
+            max_model_len = json.loads(r.read())["data"][0]["max_model_len"]
+        sizes = re.findall(r"KV cache size: ([\d,]+) tokens", log)
+        rng = random.Random(17)
+        vocab = _vocab(model)
+
+        def complete(ids: list[int], n: int) -> int:
+            body = json.dumps({"model": model, "prompt": ids, "max_tokens": n,
+                               "temperature": 0.0, "ignore_eos": True}).encode()
+            request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=600) as r:
+                return json.loads(r.read())["usage"]["completion_tokens"]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as workers:
+            seats = list(workers.map(lambda n: complete(_random_ids(rng, n, vocab), 64),
+                                   (500, 1000, 2000, 4000)))
+        after_seats = _gpu_used_mib()
+        long_tokens = min(spec["long_prompt"], max_model_len - 64)
+        long_answer = complete(_random_ids(rng, long_tokens, vocab), 32)
+        resolved = re.search(r"--kiln-profile \S+ resolved: (.*)", log)
+        return {"util": util, "max_model_len": max_model_len,
+                "pool_tokens": int(sizes[-1].replace(",", "")) if sizes else None,
+                "seats_answered": seats, "long_prompt_tokens": long_tokens,
+                "long_answered": long_answer, "used_mib_after_seats": after_seats,
+                "used_mib_after_long": _gpu_used_mib(),
+                "resolved": resolved.group(1) if resolved else None,
+                "startup_s": server.startup_seconds}
+    finally:
+        server.stop()
+
+
 def _fresh(rng: random.Random, batch: int, context: int, vocab: int) -> list[list[int]]:
     return [_random_ids(rng, context, vocab) for _ in range(batch)]
 
@@ -615,7 +690,7 @@ def dflash2_jit(spec: dict[str, Any]) -> dict[str, Any]:
 
 SCENARIOS = {f.__name__: f for f in (parity, kvarn_copy, agreement, noise_reference,
                                       hybrid, serve, profile, speed, spec_decode,
-                                      dflash2_jit, conversation)}
+                                      dflash2_jit, conversation, card_budget)}
 
 
 def main() -> int:

@@ -31,6 +31,12 @@ MODELS = {
     # A random DFlash2 drafter (kiln.testing.tinymodel.DrafterSpec fields) for a target above.
     "drafter128": dict(dflash2_drafter=dict(target="copy128", block_size=16)),
     "drafter27": dict(dflash2_drafter=dict(target="copy27", block_size=16)),
+    # The deployment's weight budget: 20 layers of the 27B's shapes (15 GiB of bf16,
+    # about what a 4-bit 27B's weights take on a 24 GB card) and its MTP layer, with a
+    # DFlash2 drafter reading five of its layers as real drafters do.
+    "deploy27": dict(name="hybrid27", num_layers=20, device="cuda"),
+    "drafter-deploy27": dict(dflash2_drafter=dict(target="deploy27", block_size=16,
+                                                  target_layer_ids=(1, 5, 9, 13, 17))),
 }
 
 
@@ -84,6 +90,11 @@ MTP3 = {"method": "mtp", "num_speculative_tokens": 3}
 # the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
 # (the methods KVarN takes today).
 CACHES27 = {"bf16": "auto", "kvarn": "kvarn_k4v2_g128"}
+# A 24 GB card as the engine can use it (torch sees 23.7 GiB of a 3090's 24 GiB; the
+# CUDA context takes some of that), the engine alone on the lent GPU.
+CARD24 = dict(budget_gib=23.5, long_prompt=100_000, exclusive=True)
+CARD_SPECS = ("off", "ngram", "mtp", "dflash2")
+CARD_BUDGET_MIB = 24 * 1024
 SPEC27_METHODS = {"none": None, "ngram": NGRAM7, "mtp": MTP3, "dflash2": _dflash2(7)}
 SPEC27_RUNS = {
     f"spec27-{method}-{cache}-{mode}": dict(
@@ -272,6 +283,17 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
         kv_cache_dtype=kv, mode="graphs", max_model_len=8192, max_num_batched_tokens=2048,
         kv_cache_memory_bytes=GIB, gpu_memory_utilization=0.3, exclusive=True,
         turns=[4000, 1000], conversations=8)) for cache, kv in CACHES27.items()},
+    # Every --kiln-profile card=24g combination in a 24 GB card's memory, and upstream's
+    # int4 cache beside ctx=huge's with the same speculator (tests/gpu/test_card_budget.py).
+    **{f"card24-{ctx}-{spec}{'-pc' if pc else ''}": ("card_budget", "deploy27", dict(
+        CARD24, profile=f"card=24g,ctx={ctx},spec={spec}{',prefix-cache' if pc else ''}",
+        **({"drafter": "drafter-deploy27"} if spec == "dflash2" else {})))
+       for ctx in ("fast", "long", "huge") for spec in CARD_SPECS for pc in (False, True)},
+    **{f"card24-int4-{spec}-pc": ("card_budget", "deploy27", dict(
+        CARD24, profile=f"card=24g,spec={spec},prefix-cache",
+        args=["--kv-cache-dtype", "int4_per_token_head"],
+        **({"drafter": "drafter-deploy27"} if spec == "dflash2" else {})))
+       for spec in CARD_SPECS},
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
     "profile-huge-ngram": ("profile", "copy128",
                            dict(profile="ctx=huge,spec=ngram,prefix-cache")),

@@ -85,6 +85,18 @@ def test_full_profile_resolves_every_key(parser, model, caplog) -> None:
     assert "--enable-prefix-caching (from profile prefix-cache)" in caplog.text
 
 
+def test_card_24g_fits_the_context_to_the_pool_with_a_few_seats(parser, model) -> None:
+    args = resolve(parser, model, "--kiln-profile", "card=24g,ctx=huge")
+    assert (args.max_model_len, args.max_num_seqs, args.max_num_batched_tokens) == (
+        -1, 4, 2048)
+    assert args.gpu_memory_utilization is None  # upstream's: sized after warm-up
+
+
+def test_an_explicit_context_length_wins_over_the_card(parser, model) -> None:
+    args = resolve(parser, model, "--max-model-len", "32768", "--kiln-profile", "card=24g")
+    assert (args.max_model_len, args.max_num_seqs) == (32768, 4)
+
+
 def test_ngram_keys_are_speculative_config_fields() -> None:
     from dataclasses import fields
 
@@ -145,7 +157,8 @@ def refused(parser, model: str, capsys, *argv: str) -> str:
 def test_unknown_key_names_the_allowed_keys(parser, model, capsys) -> None:
     line = refused(parser, model, capsys, "--kiln-profile", "ctx=huge,turbo")
     assert "error: argument --kiln-profile: unknown key 'turbo'" in line
-    assert "ctx=fast|long|huge, spec=off|ngram|mtp|dflash2, prefix-cache, tool-strict" in line
+    assert ("ctx=fast|long|huge, spec=off|ngram|mtp|dflash2, card=24g, prefix-cache, "
+            "tool-strict") in line
 
 
 def test_unknown_value_names_the_allowed_values(parser, model, capsys) -> None:

@@ -124,7 +124,11 @@ def test_every_model_the_tier_builds_is_a_valid_spec_and_every_copy_design_holds
 
     for name, fields in MODELS.items():
         if "dflash2_drafter" in fields:
-            assert fields["dflash2_drafter"]["target"] in MODELS, name
+            drafter = dict(fields["dflash2_drafter"])
+            target = tinymodel.preset(**MODELS[drafter.pop("target")])
+            tinymodel.validate_drafter(tinymodel.DrafterSpec(**drafter), {
+                "hidden_size": target.hidden_size, "num_attention_heads": target.num_heads,
+                "num_hidden_layers": target.num_layers, "vocab_size": target.vocab_size})
             continue
         spec = tinymodel.preset(**fields)
         tinymodel.validate(spec)

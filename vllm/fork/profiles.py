@@ -143,6 +143,16 @@ PROFILE_KEYS: dict[str, ProfileKey] = {k.name: k for k in (
                           "needs --speculative-config with the drafter model",
                           _needs_drafter_model),
     }),
+    # A 24 GB RTX 3090/4090 serving one user. The context is what the KV pool holds
+    # (upstream's auto-fit), and a few seats and 2K-token prefill chunks keep the
+    # activations, the graphs and KVarN's per-seat side pool from taking the pool's
+    # memory. The memory share stays upstream's: measured after warm-up.
+    ProfileKey("card", "fit the engine to the GPU's memory", {
+        "24g": Choice((Setting("max_model_len", -1), Setting("max_num_seqs", 4),
+                       Setting("max_num_batched_tokens", 2048)),
+                      "a 24 GB card serving one user; -1: the longest context the "
+                      "KV pool holds"),
+    }),
     ProfileKey("prefix-cache", "reuse the KV cache of shared prompt prefixes", {
         "": Choice((Setting("enable_prefix_caching", True),)),
     }),

@@ -12,7 +12,12 @@ tensors, dense, hybrid, copymodel, hybridcopy, drafter, folder, model).
 
 from kiln.testing.tinymodel.copymodel import COPY_MIN_MARGIN, CopyDesign, copy_continuation, copy_design, copy_prompt
 from kiln.testing.tinymodel.dense import param_count
-from kiln.testing.tinymodel.drafter import DRAFTER_STAMP, DrafterSpec, build_dflash2_drafter
+from kiln.testing.tinymodel.drafter import (
+    DRAFTER_STAMP,
+    DrafterSpec,
+    build_dflash2_drafter,
+    validate_drafter,
+)
 from kiln.testing.tinymodel.folder import STAMP, read_spec, tree_digest
 from kiln.testing.tinymodel.hybrid import hybrid_param_shapes
 from kiln.testing.tinymodel.model import build, fingerprint
@@ -35,5 +40,5 @@ __all__ = [
     "DRAFTER_STAMP", "DTYPES", "DrafterSpec", "INITS", "PRESETS", "SPECIAL_TOKENS", "STAMP",
     "TinySpec", "attention_layers", "build", "build_dflash2_drafter", "copy_continuation",
     "copy_design", "copy_prompt", "fingerprint", "hybrid_param_shapes", "layer_types",
-    "param_count", "preset", "read_spec", "tree_digest", "validate",
+    "param_count", "preset", "read_spec", "tree_digest", "validate", "validate_drafter",
 ]
