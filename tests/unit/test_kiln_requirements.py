@@ -13,6 +13,7 @@ ELSEWHERE = {
     "kiln/testing/tinymodel/dense.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/drafter.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/hybrid.py": {"torch", "transformers", "tokenizers"},  # the test venv
+    "kiln/testing/tinymodel/hybridcopy.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/model.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/tensors.py": {"torch", "transformers", "tokenizers"},  # the test venv
     "kiln/testing/tinymodel/tokenizer.py": {"torch", "transformers", "tokenizers"},  # the test venv
