@@ -85,16 +85,16 @@ SPEC_RUNS = {
     "spec-ngram-kvarn": _spec(NGRAM7, "kvarn_k4v2_g128"),
 }
 MTP3 = {"method": "mtp", "num_speculative_tokens": 3}
-# The same check on the 27B-shaped hybrid's copying variant, each engine alone on the
-# GPU (7 GB of weights), eager and under CUDA graphs: bf16 with n-gram, MTP (k = 3, as
-# the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
-# (the methods KVarN takes today).
 CACHES27 = {"bf16": "auto", "kvarn": "kvarn_k4v2_g128"}
 # A 24 GB card as the engine can use it (torch sees 23.7 GiB of a 3090's 24 GiB; the
 # CUDA context takes some of that), the engine alone on the lent GPU.
 CARD24 = dict(budget_gib=23.5, long_prompt=100_000, exclusive=True)
 CARD_SPECS = ("off", "ngram", "mtp", "dflash2")
 CARD_BUDGET_MIB = 24 * 1024
+# The same check on the 27B-shaped hybrid's copying variant, each engine alone on the
+# GPU (7 GB of weights), eager and under CUDA graphs: bf16 with n-gram, MTP (k = 3, as
+# the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
+# (the methods KVarN takes today).
 SPEC27_METHODS = {"none": None, "ngram": NGRAM7, "mtp": MTP3, "dflash2": _dflash2(7)}
 SPEC27_RUNS = {
     f"spec27-{method}-{cache}-{mode}": dict(
