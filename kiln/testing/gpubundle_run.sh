@@ -47,6 +47,11 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_CACHE_ROOT="$prefix/cache/vllm" TRITON_CACHE_DIR="$prefix/cache/triton"
 export KILN_CACHE="$prefix/cache/kiln" HF_HOME="$prefix/cache/huggingface"
 export TORCHINDUCTOR_CACHE_DIR="$prefix/cache/inductor"
+# The FlashInfer stand-in holds only its Gemma norm. vLLM's has_flashinfer() is True
+# wherever flashinfer imports and nvcc and ninja are found, as on the lent machines, and
+# then every FlashInfer path runs (the kernel warm-up's autotuner first); a CUDA_HOME
+# without nvcc keeps it False. Nothing the tier runs compiles CUDA.
+export CUDA_HOME="$prefix/no-cuda-toolkit"
 export KILN_GPU_RESULTS="$results"
 
 cd "$bundle/src"
