@@ -32,7 +32,6 @@ import gc
 import json
 import sys
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +72,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def dtype_list(text: str) -> list[str]:
     """The requested dtypes, bf16 ("auto") first and once, each one vLLM knows."""
     names = [d.strip() for d in text.split(",") if d.strip()]
-    from vllm.config.cache import CacheDType
+    from vllm.config.cache import KV_CACHE_DTYPES
+    from vllm.plugins import load_general_plugins
 
-    known = typing.get_args(CacheDType)
-    unknown = [d for d in names if d not in known]
+    # The fork's plugin registers the KVarN presets (upstream's register_kv_cache_dtype);
+    # upstream's CacheDType literal never lists them.
+    load_general_plugins()
+    unknown = [d for d in names if d not in KV_CACHE_DTYPES]
     if unknown:
         raise KilnError(f"--dtypes {','.join(unknown)}: not a KV-cache dtype of this vLLM; "
-                        f"allowed: {', '.join(known)}")
+                        f"allowed: {', '.join(KV_CACHE_DTYPES)}")
     return ["auto"] + [d for d in dict.fromkeys(names) if d != "auto"]
 
 

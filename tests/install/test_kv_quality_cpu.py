@@ -84,3 +84,20 @@ def test_an_unknown_dtype_is_one_error_line(model):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(
         "kv_quality: error: --dtypes int3: not a KV-cache dtype of this vLLM; allowed: auto, ")
+
+
+def test_the_bench_takes_the_forks_kvarn_presets_and_names_them_when_refusing():
+    """The GPU run of 2026-12-07 refused every KVarN preset: the bench checked names
+    against upstream's CacheDType literal, which the fork's registered presets are not in."""
+    import importlib.util
+
+    from kiln.errors import KilnError
+
+    spec = importlib.util.spec_from_file_location("kv_quality", REPO_ROOT / "bench" /
+                                                  "kv_quality.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.dtype_list("kvarn_k4v2_g128,fp8,auto,kvarn_k4v4_g64") == [
+        "auto", "kvarn_k4v2_g128", "fp8", "kvarn_k4v4_g64"]
+    with pytest.raises(KilnError, match=r"--dtypes int3: .*allowed: .*kvarn_k4v2_g128"):
+        bench.dtype_list("int3")
