@@ -145,7 +145,8 @@ def test_large_preset_is_about_400m_parameters() -> None:
         (["--copy", "--copy-period", "5000"], ["--copy-period 5000", "--max-positions (4096)"]),
         (["--copy", "--hidden", "40"], ["--hidden 40", "--hidden >= 49"]),
         (["--copy", "--kv-heads", "1", "--head-dim", "16"], ["--head-dim 16", ">= 24"]),
-        (["--copy", "--hybrid"], ["--copy and --hybrid"]),
+        (["--copy", "--hybrid"], ["--copy-period 257 --head-dim 32", "needs >= 20",
+                                  "a quarter of each head"]),
         (["--hybrid", "--mtp-layers", "1"], ["--mtp-layers 1", "--init seeded"]),
     ],
 )

@@ -193,6 +193,7 @@ def copy_parts(spec: TinySpec, vocab: int) -> tuple[CopyDesign, dict[str, Any]]:
             f"{spec.max_position_embeddings}: the key {P - 1} positions back leads the "
             f"best other key ({runner_up} back) by only {margin:.1f} nats; the copy "
             f"needs >= {COPY_MIN_MARGIN:.0f}: use a larger --head-dim or fewer --max-positions"
+            + (" (a --hybrid model turns only a quarter of each head)" if spec.hybrid else "")
         )
     codes, min_distance = _copy_codes(spec, vocab)
     c = codes.shape[1]
