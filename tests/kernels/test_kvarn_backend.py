@@ -48,7 +48,7 @@ class Driver:
 
     def __init__(self, model_dir: str, preset: str, max_num_seqs: int = 4,
                  max_batched: int = 160, monkeypatch=None,
-                 speculative_config: dict | None = None) -> None:
+                 speculative_config: dict | None = None, tiles_per_block: int = 1) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.engine.arg_utils import EngineArgs
         from vllm.kvarn import Preset
@@ -63,14 +63,19 @@ class Driver:
             max_num_batched_tokens=max_batched, enable_prefix_caching=True,
             speculative_config=speculative_config,
         ).create_engine_config()
+        self.preset = Preset.parse(preset)
+        self.g = self.preset.group
+        # A hybrid model's scheduler blocks hold several KVarN tiles (upstream's
+        # _align_hybrid_block_size raises the block size to fit a Mamba state page); the
+        # runner then hands the kernels tile-sized blocks, block * tiles + i.
+        self.tiles = tiles_per_block
+        self.config.cache_config.block_size = self.g * tiles_per_block
         if monkeypatch is not None and hasattr(type(self.config), "use_v2_model_runner"):
             # This test plays Model Runner V2, which cannot itself run on a CPU host
             # (vLLM finds no Triton GPU driver there), so the config reports it (0.33.0;
             # from 0.34.0 V2 is the only runner).
             monkeypatch.setattr(type(self.config), "use_v2_model_runner",
                                 property(lambda self: True))
-        self.preset = Preset.parse(preset)
-        self.g = self.preset.group
         self._ctx = contextlib.ExitStack()
         self._ctx.enter_context(set_current_vllm_config(self.config))
         self._ctx.enter_context(set_default_torch_dtype(torch.bfloat16))
@@ -92,7 +97,7 @@ class Driver:
         rec = self.preset.tile_bytes(D)
         self.kv_cache = torch.zeros(NUM_BLOCKS, H_KV, self.g, rec // self.g,
                                     dtype=torch.uint8, device=DEVICE)
-        self.free_blocks = list(range(NUM_BLOCKS - 1, 0, -1))
+        self.free_blocks = list(range(NUM_BLOCKS // tiles_per_block - 1, 0, -1))
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         gen = torch.Generator().manual_seed(0)
         # K/V of a token depend on it and its position only, as a model's would.
@@ -116,7 +121,7 @@ class Driver:
 
         req.slot = self.free_slots.pop()
         req.blocks = list(hit_blocks)
-        req.computed = len(hit_blocks) * self.g
+        req.computed = len(hit_blocks) * self.g * self.tiles
         self.pending_new.append(NewRequestData(
             req_id=req.rid, prompt_token_ids=req.tokens, mm_features=[],
             sampling_params=None, pooling_params=None, block_ids=(req.blocks,),
@@ -134,7 +139,7 @@ class Driver:
         from vllm.fork import kvarn_lifecycle
 
         for req, q in batch:
-            while len(req.blocks) * self.g < req.computed + q:
+            while len(req.blocks) * self.g * self.tiles < req.computed + q:
                 req.blocks.append(self.free_blocks.pop())
         # New requests' block lists are final only now; the runner sees them complete.
         out = SchedulerOutput(
@@ -150,10 +155,11 @@ class Driver:
         qlens = [q for _, q in batch]
         qsl = torch.tensor([0, *np.cumsum(qlens)], dtype=torch.int32)
         seq = torch.tensor([r.computed + q for r, q in batch], dtype=torch.int32)
-        width = max(len(r.blocks) for r, _ in batch)
-        table = torch.zeros(len(batch), width, dtype=torch.int32)
-        for b, (r, _) in enumerate(batch):
-            table[b, : len(r.blocks)] = torch.tensor(r.blocks)
+        tiles = [[blk * self.tiles + i for blk in r.blocks for i in range(self.tiles)]
+                 for r, _ in batch]
+        table = torch.zeros(len(batch), max(map(len, tiles)), dtype=torch.int32)
+        for b, row in enumerate(tiles):
+            table[b, : len(row)] = torch.tensor(row)
         positions = torch.cat([torch.arange(r.computed, r.computed + q) for r, q in batch])
         cam = CommonAttentionMetadata(
             query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl,
@@ -287,15 +293,46 @@ def test_tables_are_persistent_between_steps(driver):
         assert getattr(md1, name).data_ptr() == getattr(md2, name).data_ptr(), name
 
 
-def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeypatch):
+def test_scheduler_blocks_of_several_tiles_as_a_hybrid_model_has(model_dir, monkeypatch):
+    """On the 27B-shaped hybrid a scheduler block is many KVarN tiles (upstream raises the
+    attention block size until its page holds a DeltaNet state) and the kernels get a
+    table of tiles: prefill chunks across tiles, decodes and a prefix hit of one whole
+    block read what exact attention over the rows would."""
+    d = Driver(model_dir, "kvarn_k4v2_g64", monkeypatch=monkeypatch, tiles_per_block=3)
+    try:
+        block = 3 * d.g
+        assert d.builder.lifecycle.manager_block_size == block
+        a = Request("ta", _prompt(60, block + 70) + _prompt(61, 20))
+        d.admit(a)
+        d.step([(a, 160)])
+        d.step([(a, block + 70 - 160)])
+        for _ in range(4):
+            d.step([(a, 1)])
+        b = Request("tb", a.tokens[:block] + _prompt(62, 30))
+        d.admit(b, hit_blocks=a.blocks[:1])
+        d.step([(a, 1), (b, 25)])
+        for _ in range(3):
+            d.step([(a, 1), (b, 1)])
+        assert d.checked == block + 70 + 4 + 4 + 25 + 3
+        assert d.max_err > 0.05, "no quantized record was read"
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("tiles, hit_blocks", [(1, 2), (3, 1)], ids=["dense", "hybrid"])
+def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeypatch, tiles,
+                                                               hit_blocks):
+    """An idle sink evicted by later requests comes back from its record on a prefix hit,
+    also where a scheduler block holds several tiles (as on a hybrid model)."""
     d = Driver(model_dir, "kvarn_k4v4_g64", max_num_seqs=2, max_batched=64,
-               monkeypatch=monkeypatch)
+               monkeypatch=monkeypatch, tiles_per_block=tiles)
     try:
         g = d.g
-        a = Request("ea", _prompt(20, 2 * g + 5))
+        hit = hit_blocks * tiles * g
+        a = Request("ea", _prompt(20, hit + 5))
         d.admit(a)
-        d.step([(a, g)])
-        d.step([(a, g)])
+        for _ in range(hit // g):
+            d.step([(a, g)])
         d.step([(a, 5)])
         d.finish(a)
         # Distinct prompts fill the pool until a's idle sink is evicted.
@@ -306,8 +343,8 @@ def test_a_hit_on_an_evicted_sink_is_restored_from_its_record(model_dir, monkeyp
             d.step([(r, 3)])
             d.finish(r)
         assert d.builder.pool.num_idle_sinks < 12
-        b = Request("eb", a.tokens[: 2 * g] + _prompt(50, 9))
-        d.admit(b, hit_blocks=a.blocks[:2])
+        b = Request("eb", a.tokens[:hit] + _prompt(50, 9))
+        d.admit(b, hit_blocks=a.blocks[:hit_blocks])
         md = d.step([(b, 8)])
         assert int(md.restore_dst[0]) >= 0, "the sink came back from its record"
         d.step([(b, 1)])
