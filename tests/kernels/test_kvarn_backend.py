@@ -105,6 +105,7 @@ class Driver:
         self.v_table = torch.randn(512, 600, H_KV, D, generator=gen, dtype=torch.float32)
         self.pending_new: list = []
         self.pending_done: set[str] = set()
+        self.pending_preempted: set[str] = set()
         # Profiling run: the side pool and scratch come from the workspace.
         self._forward(None, torch.zeros(1, H_Q * D), torch.zeros(1, H_KV * D),
                       torch.zeros(1, H_KV * D))
@@ -132,6 +133,14 @@ class Driver:
         self.pending_done.add(req.rid)
         self.free_slots.append(req.slot)
 
+    def preempt(self, req: Request, keep_blocks: int) -> None:
+        """As the scheduler preempts: the slot goes, the request's first ``keep_blocks``
+        blocks stay cached (a later admission may hit them), the rest are freed."""
+        self.pending_preempted.add(req.rid)
+        self.free_slots.append(req.slot)
+        self.free_blocks.extend(req.blocks[keep_blocks:])
+        req.blocks, req.computed = req.blocks[:keep_blocks], 0
+
     def step(self, batch: list[tuple[Request, int]]) -> torch.Tensor:
         from vllm.v1.attention.backend import CommonAttentionMetadata
         from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
@@ -148,10 +157,11 @@ class Driver:
             num_scheduled_tokens={r.rid: q for r, q in batch},
             total_num_scheduled_tokens=sum(q for _, q in batch),
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-            finished_req_ids=self.pending_done, free_encoder_mm_hashes=[])
+            finished_req_ids=self.pending_done, free_encoder_mm_hashes=[],
+            preempted_req_ids=self.pending_preempted)
         kvarn_lifecycle.observe_step(out, {r.rid: r.slot for r, _ in batch},
                                      self.attn_groups)
-        self.pending_new, self.pending_done = [], set()
+        self.pending_new, self.pending_done, self.pending_preempted = [], set(), set()
         qlens = [q for _, q in batch]
         qsl = torch.tensor([0, *np.cumsum(qlens)], dtype=torch.int32)
         seq = torch.tensor([r.computed + q for r, q in batch], dtype=torch.int32)
@@ -315,6 +325,35 @@ def test_scheduler_blocks_of_several_tiles_as_a_hybrid_model_has(model_dir, monk
             d.step([(a, 1), (b, 1)])
         assert d.checked == block + 70 + 4 + 4 + 25 + 3
         assert d.max_err > 0.05, "no quantized record was read"
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("tiles", [1, 3], ids=["dense", "hybrid"])
+def test_a_preempted_request_resumes_from_its_cached_blocks(model_dir, monkeypatch, tiles):
+    """Preempted mid-decode while another request takes its only seat, then admitted
+    again with a prefix hit on its first block: the next occupant reads none of its side
+    rows, and the resumed request reads its records and its recomputed rows right."""
+    d = Driver(model_dir, "kvarn_k4v2_g64", max_num_seqs=1, monkeypatch=monkeypatch,
+               tiles_per_block=tiles)
+    try:
+        block = d.g * tiles
+        a = Request("pa", _prompt(70, block + 40) + _prompt(71, 10))
+        d.admit(a)
+        for q in (min(block, 160), block + 40 - min(block, 160), 1, 1):
+            if q:
+                d.step([(a, q)])
+        d.preempt(a, keep_blocks=1)
+        b = Request("pb", _prompt(72, 95))
+        d.admit(b)
+        d.step([(b, 90)])
+        d.step([(b, 1)])
+        d.finish(b)
+        d.admit(a, hit_blocks=a.blocks)
+        d.step([(a, 42)])  # the rest of what it had, recomputed
+        for _ in range(3):
+            d.step([(a, 1)])
+        assert a.computed == block + 45 and d.checked == (block + 42) + 91 + 45
     finally:
         d.close()
 
