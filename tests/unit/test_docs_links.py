@@ -1,5 +1,6 @@
 """The repository's Markdown points only at what a clone has: every link and every
-repository path it names exists in the repository, and nothing reaches outside it."""
+repository path it names exists in the repository, and nothing reaches outside it. A
+document links only down from its own folder (no ../), so docs/ reads whole on its own."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 from kiln.paths import REPO_ROOT
 
 # Top-level folders whose paths, written in backticks, name repository files. vllm/ is
-# left out but for vllm/fork/: most vllm/ paths in the docs are upstream's or the wheel's.
 # left out but for vllm/fork/: most vllm/ paths in the docs are upstream's or the wheel's;
 # csrc/ likewise (upstream's compiled sources).
 REPO_PREFIXES = ("bench/", "docs/", "fa2/", "kiln/", "kvarn/", "patches/", "requirements/",
@@ -89,6 +89,9 @@ def link_problems(line: Line, root: Path = REPO_ROOT) -> list[str]:
         path = (line.doc.parent / path_part).resolve() if path_part else line.doc
         if not inside(path, root):
             problems.append(f"{line.where()}: link {target!r} points outside the repository")
+        elif UP.search(path_part):
+            problems.append(f"{line.where()}: link {target!r} climbs out of its document's "
+                            "folder; say what it needs in place")
         elif not path.exists():
             problems.append(f"{line.where()}: link {target!r}: {path.relative_to(root)} does not exist")
         elif anchor and path.suffix == ".md" and anchor not in anchors(path, root):
@@ -154,6 +157,15 @@ def test_a_path_outside_the_repository_in_prose_or_a_command_fails(tmp_path):
     assert [p.split(": ", 1)[1] for p in problems] == [
         "'`../shared/kvarn-spec.md`.' points outside the repository",
         "'../work' points outside the repository"]
+
+
+def test_a_link_up_out_of_docs_fails_though_its_target_exists(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Top\n")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("See [the README](../README.md#top).\n")
+    [problem] = [p for line in lines(page, tmp_path) for p in link_problems(line, tmp_path)]
+    assert "docs/page.md:1: link '../README.md#top' climbs out of its document's folder" in problem
 
 
 def test_a_missing_file_a_missing_anchor_and_a_missing_repository_path_fail(tmp_path):
