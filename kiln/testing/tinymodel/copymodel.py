@@ -214,7 +214,7 @@ def copy_parts(spec: TinySpec, vocab: int) -> tuple[CopyDesign, dict[str, Any]]:
     return design, {"q_norm": q_norm, "k_norm": k_norm, "codes": codes}
 
 
-def copy_layout(spec: TinySpec, parts: dict[str, Any]) -> tuple[int, int]:
+def copy_layout(parts: dict[str, Any]) -> tuple[int, int]:
     """Where the residual stream keeps the constant and the copied code: the token's
     code is in dims [0, c), the constant 1 in c, the copied code in [c + 1, 2c + 1)."""
     c = parts["codes"].shape[1]
@@ -225,21 +225,21 @@ def copy_embed(spec: TinySpec, vocab: int, parts: dict[str, Any]) -> Any:
     import torch
 
     codes = parts["codes"]
-    one, _ = copy_layout(spec, parts)
+    one, _ = copy_layout(parts)
     w = torch.zeros(vocab, spec.hidden_size)
     w[:, : codes.shape[1]] = codes
     w[:, one] = 1.0
     return w
 
 
-def read_constant(spec: TinySpec, parts: dict[str, Any], rows: int, value: float = 1.0) -> Any:
+def read_constant(spec: TinySpec, parts: dict[str, Any], rows: int) -> Any:
     """A projection whose every output reads the constant. As q or k, after
     q_norm/k_norm, that is the norm weight itself at every position."""
     import torch
 
-    one, _ = copy_layout(spec, parts)
+    one, _ = copy_layout(parts)
     w = torch.zeros(rows, spec.hidden_size)
-    w[:, one] = value
+    w[:, one] = 1.0
     return w
 
 
@@ -261,7 +261,7 @@ def copy_o_proj(spec: TinySpec, parts: dict[str, Any]) -> Any:
 
     D, H, Hkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
     group = H // Hkv
-    c, out0 = parts["codes"].shape[1], copy_layout(spec, parts)[1]
+    c, out0 = parts["codes"].shape[1], copy_layout(parts)[1]
     w = torch.zeros(spec.hidden_size, H * D)
     for h in range(H):
         g = h // group
@@ -276,7 +276,7 @@ def copy_lm_head(spec: TinySpec, vocab: int, parts: dict[str, Any], lm_scale: fl
     import torch
 
     codes = parts["codes"]
-    out0 = copy_layout(spec, parts)[1]
+    out0 = copy_layout(parts)[1]
     w = torch.zeros(vocab, spec.hidden_size)
     w[:, out0 : out0 + codes.shape[1]] = codes * lm_scale
     # Special tokens score 0 against a right token near +32: never produced.

@@ -55,7 +55,7 @@ def _linear_out(spec: TinySpec, name: str, shape: tuple[int, ...], parts: dict[s
                 ) -> Callable[[], Any]:
     """A DeltaNet layer's random out_proj with the rows of the copy's dims zeroed."""
     draw = hybrid_maker(spec, name, shape)
-    used = copy_layout(spec, parts)[1] + parts["codes"].shape[1]
+    used = copy_layout(parts)[1] + parts["codes"].shape[1]
 
     def make() -> Any:
         w = draw().cpu()

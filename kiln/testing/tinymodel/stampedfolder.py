@@ -1,8 +1,10 @@
-"""A folder that a kiln command writes whole, marked by a stamp file recording what built it.
+"""A folder that a kiln command writes whole, marked by a stamp file recording what
+built it.
 
-The tiny model, the DFlash2 drafter and the trained reference model share it: a build reuses a folder whose stamp
-matches, replaces one holding its stamp and nothing but the files a build writes, and
-refuses anything else, so no file the user put in ``--out`` is ever deleted.
+The tiny model, the DFlash2 drafter and the trained reference model share it: a build
+reuses a folder whose stamp matches, replaces one holding its stamp and nothing but the
+files a build writes, and refuses anything else, so no file the user put in ``--out``
+is ever deleted.
 """
 
 from __future__ import annotations
