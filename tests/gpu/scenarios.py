@@ -334,6 +334,19 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         server.stop()
 
 
+def _complete(server, model: str, ids: list[int], n: int, timeout: float = 600,
+              **extra: Any) -> dict[str, Any]:
+    """One greedy /v1/completions request to a VllmServer; its JSON reply."""
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": ids, "max_tokens": n, "temperature": 0.0,
+                       **extra}).encode()
+    request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
 def profile(spec: dict[str, Any]) -> dict[str, Any]:
     """`vllm serve --kiln-profile ctx=huge,spec=ngram,prefix-cache` on the copy model:
     the resolved arguments from the start-up log, exact copies through the server, and
@@ -358,12 +371,8 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
         prompts = [tinymodel.copy_prompt(model, n, seed=n) for n in (300, 700, 1200, 2000)]
         broken = 0
         for ids in prompts:
-            body = json.dumps({"model": model, "prompt": ids, "max_tokens": 96,
-                               "temperature": 0.0, "return_token_ids": True}).encode()
-            request = urllib.request.Request(server.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=300) as r:
-                got = json.loads(r.read())["choices"][0]["token_ids"]
+            got = _complete(server, model, ids, 96, timeout=300,
+                            return_token_ids=True)["choices"][0]["token_ids"]
             broken += got != tinymodel.copy_continuation(ids, 96, period)
         with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
             metrics = r.read().decode()
@@ -432,12 +441,8 @@ def card_budget(spec: dict[str, Any]) -> dict[str, Any]:
         vocab = _vocab(model)
 
         def complete(ids: list[int], n: int) -> int:
-            body = json.dumps({"model": model, "prompt": ids, "max_tokens": n,
-                               "temperature": 0.0, "ignore_eos": True}).encode()
-            request = urllib.request.Request(server.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=600) as r:
-                return json.loads(r.read())["usage"]["completion_tokens"]
+            return _complete(server, model, ids, n, ignore_eos=True)["usage"][
+                "completion_tokens"]
 
         with concurrent.futures.ThreadPoolExecutor(4) as workers:
             seats = list(workers.map(lambda n: complete(_random_ids(rng, n, vocab), 64),
