@@ -91,6 +91,14 @@ CACHES27 = {"bf16": "auto", "kvarn": "kvarn_k4v2_g128"}
 CARD24 = dict(budget_gib=23.5, long_prompt=100_000, exclusive=True)
 CARD_SPECS = ("off", "ngram", "mtp", "dflash2")
 CARD_BUDGET_MIB = 24 * 1024
+
+
+def _card24(profile: str, spec: str, **extra) -> tuple[str, str, dict]:
+    """A card_budget scenario on deploy27; spec=dflash2 gets the model's drafter."""
+    drafter = {"drafter": "drafter-deploy27"} if spec == "dflash2" else {}
+    return ("card_budget", "deploy27", dict(CARD24, profile=profile, **drafter, **extra))
+
+
 # The same check on the 27B-shaped hybrid's copying variant, each engine alone on the
 # GPU (7 GB of weights), eager and under CUDA graphs: bf16 with n-gram, MTP (k = 3, as
 # the deployment runs it) and DFlash2 (k = 7, its random drafter), KVarN with n-gram
@@ -285,14 +293,11 @@ SCENARIOS: dict[str, tuple[str, str, dict]] = {
         turns=[4000, 1000], conversations=8)) for cache, kv in CACHES27.items()},
     # Every --kiln-profile card=24g combination in a 24 GB card's memory, and upstream's
     # int4 cache beside ctx=huge's with the same speculator (tests/gpu/test_card_budget.py).
-    **{f"card24-{ctx}-{spec}{'-pc' if pc else ''}": ("card_budget", "deploy27", dict(
-        CARD24, profile=f"card=24g,ctx={ctx},spec={spec}{',prefix-cache' if pc else ''}",
-        **({"drafter": "drafter-deploy27"} if spec == "dflash2" else {})))
+    **{f"card24-{ctx}-{spec}{'-pc' if pc else ''}": _card24(
+        f"card=24g,ctx={ctx},spec={spec}{',prefix-cache' if pc else ''}", spec)
        for ctx in ("fast", "long", "huge") for spec in CARD_SPECS for pc in (False, True)},
-    **{f"card24-int4-{spec}-pc": ("card_budget", "deploy27", dict(
-        CARD24, profile=f"card=24g,spec={spec},prefix-cache",
-        args=["--kv-cache-dtype", "int4_per_token_head"],
-        **({"drafter": "drafter-deploy27"} if spec == "dflash2" else {})))
+    **{f"card24-int4-{spec}-pc": _card24(f"card=24g,spec={spec},prefix-cache", spec,
+                                         args=["--kv-cache-dtype", "int4_per_token_head"])
        for spec in CARD_SPECS},
     "serve-kvarn_k4v2_g128": ("serve", "copy128", dict(kv_cache_dtype="kvarn_k4v2_g128")),
     "profile-huge-ngram": ("profile", "copy128",
