@@ -19,7 +19,7 @@ from pathlib import Path
 from kiln.testing.gpubundle import RUN_SCRIPT, STANDIN_ROOT
 
 CHILD = """
-import json, sys
+import json
 from vllm.utils.flashinfer import has_flashinfer
 from flashinfer.norm import gemma_rmsnorm
 print(json.dumps({"has_flashinfer": has_flashinfer(), "norm": gemma_rmsnorm.__module__}))
